@@ -1,0 +1,231 @@
+// Package harness runs a real Spindle driver for end-to-end tests, the demo
+// and the benchmark: in-process (tests) or as a child process (demo, bench),
+// on a real loop pool, over its real unix socket. It also checks that a test
+// left no loop device and no mount behind.
+package harness
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/spindle-csi/spindle/internal/config"
+	"github.com/spindle-csi/spindle/internal/driver"
+)
+
+// NodeID is the node ID drivers started by the harness use.
+const NodeID = "spindle-test-node"
+
+// Driver is a running driver and a client connection to it.
+type Driver struct {
+	Socket  string
+	PoolDir string
+	Conn    *grpc.ClientConn
+
+	Identity   csi.IdentityClient
+	Controller csi.ControllerClient
+	Node       csi.NodeClient
+}
+
+// Options tune a driver started by the harness.
+type Options struct {
+	// PoolDir defaults to a fresh directory under the test's temp dir.
+	PoolDir string
+	// MaxVolumesPerNode is passed to --max-volumes-per-node.
+	MaxVolumesPerNode int64
+	// Logger defaults to the test's log.
+	Logger *zap.Logger
+}
+
+// RequireRoot skips t, saying why, unless the test runs as root: the tests
+// bind real loop devices and mount real filesystems.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: binds real loop devices and mounts real filesystems (run `sudo make test`)")
+	}
+}
+
+// RequireCommands skips t, naming what is missing, unless every command is
+// on PATH. hack/install-deps.sh installs them all.
+func RequireCommands(t testing.TB, names ...string) {
+	t.Helper()
+	var missing []string
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		t.Skipf("missing %s: run hack/install-deps.sh", strings.Join(missing, ", "))
+	}
+}
+
+// Start runs a driver in this process (mode all) on a temporary socket and
+// pool, and stops it, checking for leaks, when the test ends.
+func Start(t testing.TB, o Options) *Driver {
+	t.Helper()
+	RequireRoot(t)
+	RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
+	dir := TempDir(t)
+	if o.PoolDir == "" {
+		o.PoolDir = filepath.Join(dir, "pool")
+	}
+	if o.Logger == nil {
+		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	}
+	socket := filepath.Join(dir, "csi.sock")
+	opts := config.Options{
+		Endpoint:          "unix://" + socket,
+		Mode:              config.ModeAll,
+		NodeID:            NodeID,
+		DriverName:        config.DefaultDriverName,
+		LoopPoolDir:       o.PoolDir,
+		MaxVolumesPerNode: o.MaxVolumesPerNode,
+		LogFormat:         "json",
+		LogLevel:          "info",
+	}
+	d, err := driver.New(opts, "v0.0.0-test", o.Logger)
+	if err != nil {
+		t.Fatalf("driver.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("driver stopped with %v", err)
+		}
+	})
+	drv, err := Connect(socket, done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv.PoolDir = o.PoolDir
+	t.Cleanup(func() { drv.Conn.Close() })
+	CheckNoLeaks(t, o.PoolDir, dir)
+	return drv
+}
+
+// Connect waits for the socket and dials it. died, when not nil, reports a
+// driver that exited before its socket appeared.
+func Connect(socket string, died <-chan error) (*Driver, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err := os.Stat(socket); err == nil {
+			break
+		}
+		select {
+		case err := <-died:
+			return nil, fmt.Errorf("driver exited before serving: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("socket %s did not appear", socket)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{
+		Socket: socket, Conn: conn,
+		Identity: csi.NewIdentityClient(conn), Controller: csi.NewControllerClient(conn), Node: csi.NewNodeClient(conn),
+	}, nil
+}
+
+// TempDir is t.TempDir that also survives mounts: t.TempDir's removal would
+// fail (and hide the real problem) if a test left a mount inside, so the leak
+// check runs first.
+func TempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "spindle-"+sanitize(t.Name())+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove test directory: %v", err)
+		}
+	})
+	return dir
+}
+
+func sanitize(name string) string {
+	r := strings.NewReplacer("/", "_", " ", "_")
+	name = r.Replace(name)
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return name
+}
+
+// CheckNoLeaks registers a cleanup that fails t if, when the test ends, a
+// loop device is still bound to a file under poolDir or anything is still
+// mounted under dir. It then detaches and unmounts them, so one failing test
+// does not poison the machine for the next.
+func CheckNoLeaks(t testing.TB, poolDir, dir string) {
+	t.Cleanup(func() {
+		for _, m := range MountsUnder(dir) {
+			t.Errorf("mount left behind: %s", m)
+			_ = exec.Command("umount", "-l", m).Run()
+		}
+		for _, dev := range LoopDevicesUnder(poolDir) {
+			t.Errorf("loop device left behind: %s", dev)
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
+	})
+}
+
+// MountsUnder lists mount points at or below dir, deepest first.
+func MountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
+			out = append([]string{fields[4]}, out...)
+		}
+	}
+	return out
+}
+
+// LoopDevicesUnder lists loop devices whose backing file is below dir.
+func LoopDevicesUnder(dir string) []string {
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		resolved = dir
+	}
+	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(strings.TrimSpace(string(b)), resolved+"/") {
+			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p))))
+		}
+	}
+	return out
+}

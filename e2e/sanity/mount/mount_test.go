@@ -1,0 +1,9 @@
+package mount
+
+import (
+	"testing"
+
+	"github.com/spindle-csi/spindle/e2e/sanity"
+)
+
+func TestSanityMount(t *testing.T) { sanity.Run(t, "mount") }

@@ -1,0 +1,85 @@
+// Package sanity runs the kubernetes-csi csi-sanity suite in-process against
+// a real Spindle driver over its socket, on a real loop pool, with real
+// loop devices, mkfs and mounts. Ginkgo runs one suite per process, so the
+// mount and block runs live in the two sub-packages.
+package sanity
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
+	"github.com/onsi/gomega"
+
+	"github.com/spindle-csi/spindle/e2e/harness"
+)
+
+// idGen makes IDs in Spindle's format, so that "does not exist" tests reach
+// the lookup instead of stopping at ID validation.
+type idGen struct{}
+
+func random() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (idGen) GenerateUniqueValidVolumeID() string { return "loop/default/sanity-missing-" + random() }
+func (idGen) GenerateInvalidVolumeID() string     { return "not-a-spindle-volume-id" }
+func (idGen) GenerateUniqueValidNodeID() string   { return "sanity-unknown-node-" + random() }
+func (idGen) GenerateInvalidNodeID() string       { return "not a node id!" }
+
+// Run runs csi-sanity with the given access type ("mount" or "block") and
+// reports how many specs ran, passed, failed and were skipped.
+func Run(t *testing.T, accessType string) {
+	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: 16})
+	dir := harness.TempDir(t)
+
+	cfg := sanity.NewTestConfig()
+	cfg.Address = "unix://" + drv.Socket
+	cfg.TargetPath = filepath.Join(dir, "target")
+	cfg.StagingPath = filepath.Join(dir, "staging")
+	cfg.TestVolumeAccessType = accessType
+	cfg.TestVolumeSize = 64 << 20
+	cfg.IDGen = idGen{}
+	cfg.IdempotentCount = 3
+	harness.CheckNoLeaks(t, drv.PoolDir, dir)
+
+	var summary string
+	ginkgo.ReportAfterSuite("spec count", func(r ginkgo.Report) {
+		ran, passed, failed, skipped := 0, 0, 0, 0
+		for _, s := range r.SpecReports {
+			if s.LeafNodeType != types.NodeTypeIt {
+				continue
+			}
+			switch {
+			case s.State == types.SpecStateSkipped || s.State == types.SpecStatePending:
+				skipped++
+			case s.State == types.SpecStatePassed:
+				ran++
+				passed++
+			default:
+				ran++
+				failed++
+			}
+		}
+		summary = fmt.Sprintf("csi-sanity (%s): %d of %d specs ran: %d passed, %d failed; %d skipped",
+			accessType, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
+	})
+	sc := sanity.GinkgoTest(&cfg)
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	ginkgo.RunSpecs(t, "csi-sanity "+accessType)
+	sc.Finalize()
+
+	t.Log(summary)
+	if dir := os.Getenv("SPINDLE_REPORT_DIR"); dir != "" {
+		_ = os.MkdirAll(dir, 0o755)
+		_ = os.WriteFile(filepath.Join(dir, "sanity-"+accessType+".txt"), []byte(summary+"\n"), 0o644)
+	}
+}

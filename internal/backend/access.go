@@ -1,0 +1,53 @@
+package backend
+
+import (
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Admit decides whether att may be added to an image's existing attachments.
+// It is the one place that enforces access modes, shared by every exporter.
+//
+// It returns already=true when the same node is attached with the same mode
+// and read-only flag (a repeated publish, a no-op); ErrAlreadyExists when the
+// same node is attached with other flags; ErrPrecondition, naming the holder,
+// when another node's attachment excludes this one.
+func Admit(img *Image, att Attachment) (already bool, err error) {
+	for _, e := range img.Attachments {
+		if e.NodeID != att.NodeID {
+			continue
+		}
+		if e.AccessMode == att.AccessMode && e.ReadOnly == att.ReadOnly {
+			return true, nil
+		}
+		return false, errdefs.AlreadyExists("volume %s is already published to node %q with access mode %s, read-only=%t; asked for %s, read-only=%t",
+			img.ID, e.NodeID, e.AccessMode, e.ReadOnly, att.AccessMode, att.ReadOnly)
+	}
+	for _, e := range img.Attachments {
+		switch {
+		case att.AccessMode.SingleNode():
+			return false, errdefs.Precondition("volume %s is published to node %q; access mode %s allows one node at a time",
+				img.ID, e.NodeID, att.AccessMode)
+		case e.AccessMode.SingleNode():
+			return false, errdefs.Precondition("volume %s is published to node %q with single-node access mode %s",
+				img.ID, e.NodeID, e.AccessMode)
+		case att.AccessMode == MultiNodeSingleWriter && !att.ReadOnly && !e.ReadOnly:
+			return false, errdefs.Precondition("volume %s already has a writer on node %q; access mode %s allows one writer",
+				img.ID, e.NodeID, att.AccessMode)
+		}
+	}
+	return false, nil
+}
+
+// Detached returns the attachments without nodeID, and whether it was there.
+func Detached(atts []Attachment, nodeID string) ([]Attachment, bool) {
+	out := atts[:0:0]
+	found := false
+	for _, a := range atts {
+		if a.NodeID == nodeID {
+			found = true
+			continue
+		}
+		out = append(out, a)
+	}
+	return out, found
+}

@@ -1,0 +1,70 @@
+package backend
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+func TestAdmit(t *testing.T) {
+	a := func(node string, m AccessMode, ro bool) Attachment {
+		return Attachment{NodeID: node, AccessMode: m, ReadOnly: ro}
+	}
+	tests := []struct {
+		name     string
+		existing []Attachment
+		att      Attachment
+		already  bool
+		kind     error  // nil: admitted
+		mention  string // the error must name this (the holder)
+	}{
+		{name: "first node", att: a("n1", SingleNodeWriter, false)},
+		{name: "repeat is a no-op", existing: []Attachment{a("n1", SingleNodeWriter, false)}, att: a("n1", SingleNodeWriter, false), already: true},
+		{name: "same node other readonly", existing: []Attachment{a("n1", SingleNodeWriter, false)}, att: a("n1", SingleNodeWriter, true), kind: errdefs.ErrAlreadyExists, mention: "n1"},
+		{name: "same node other mode", existing: []Attachment{a("n1", SingleNodeWriter, false)}, att: a("n1", SingleNodeMultiWriter, false), kind: errdefs.ErrAlreadyExists},
+		{name: "single node writer to second node", existing: []Attachment{a("node-a", SingleNodeWriter, false)}, att: a("node-b", SingleNodeWriter, false), kind: errdefs.ErrPrecondition, mention: "node-a"},
+		{name: "single node reader to second node", existing: []Attachment{a("node-a", SingleNodeReaderOnly, true)}, att: a("node-b", SingleNodeReaderOnly, true), kind: errdefs.ErrPrecondition, mention: "node-a"},
+		{name: "multi reader after single writer", existing: []Attachment{a("node-a", SingleNodeWriter, false)}, att: a("node-b", MultiNodeReaderOnly, true), kind: errdefs.ErrPrecondition, mention: "node-a"},
+		{name: "multi reader twice", existing: []Attachment{a("node-a", MultiNodeReaderOnly, true)}, att: a("node-b", MultiNodeReaderOnly, true)},
+		{name: "second writer single-writer mode", existing: []Attachment{a("node-a", MultiNodeSingleWriter, false)}, att: a("node-b", MultiNodeSingleWriter, false), kind: errdefs.ErrPrecondition, mention: "node-a"},
+		{name: "reader beside single writer", existing: []Attachment{a("node-a", MultiNodeSingleWriter, false)}, att: a("node-b", MultiNodeSingleWriter, true)},
+		{name: "multi writer", existing: []Attachment{a("node-a", MultiNodeMultiWriter, false)}, att: a("node-b", MultiNodeMultiWriter, false)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			img := &Image{ID: "img", Attachments: tt.existing}
+			already, err := Admit(img, tt.att)
+			if tt.kind == nil {
+				if err != nil {
+					t.Fatalf("Admit: %v", err)
+				}
+				if already != tt.already {
+					t.Fatalf("already = %t, want %t", already, tt.already)
+				}
+				return
+			}
+			if !errors.Is(err, tt.kind) {
+				t.Fatalf("Admit error = %v, want kind %v", err, tt.kind)
+			}
+			if tt.mention != "" && !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("error %q does not name %q", err, tt.mention)
+			}
+		})
+	}
+}
+
+func TestDetached(t *testing.T) {
+	atts := []Attachment{{NodeID: "a"}, {NodeID: "b"}}
+	out, found := Detached(atts, "a")
+	if !found || len(out) != 1 || out[0].NodeID != "b" {
+		t.Fatalf("Detached = %v, %t", out, found)
+	}
+	if len(atts) != 2 || atts[0].NodeID != "a" {
+		t.Fatal("Detached must not modify its input")
+	}
+	if _, found := Detached(atts, "zzz"); found {
+		t.Fatal("unknown node reported as found")
+	}
+}

@@ -1,0 +1,197 @@
+// Package backend defines the contracts every Spindle backend implements.
+//
+// A backend is split into three roles so that an image store and a transport
+// can be combined (the iSCSI backend exports file images like the loop
+// backend's; RBD has its own store):
+//
+//   - ImageStore (controller side): create, delete and describe images and
+//     keep their metadata (CSI name, size, fs type, "formatted", attachments).
+//   - Exporter (controller side): grant and revoke a node's access
+//     (ControllerPublish/Unpublish) and enforce access modes.
+//   - Attacher (node side): turn a publish_context into a local block device
+//     and back, proving the device is the right image before anything uses it.
+//
+// Errors are built on internal/errdefs kinds; internal/driver maps them to
+// gRPC codes. The conformance suite in internal/backend/conformance checks that
+// a backend keeps these contracts.
+package backend
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+)
+
+// AccessType is how a volume is consumed: through a filesystem or as a raw device.
+type AccessType string
+
+const (
+	AccessMount AccessType = "mount"
+	AccessBlock AccessType = "block"
+)
+
+// AccessMode mirrors the CSI access modes; the values are the CSI enum names,
+// so they read the same in metadata, logs and VolumeAttachment objects.
+type AccessMode string
+
+const (
+	SingleNodeWriter       AccessMode = "SINGLE_NODE_WRITER"
+	SingleNodeReaderOnly   AccessMode = "SINGLE_NODE_READER_ONLY"
+	SingleNodeSingleWriter AccessMode = "SINGLE_NODE_SINGLE_WRITER"
+	SingleNodeMultiWriter  AccessMode = "SINGLE_NODE_MULTI_WRITER"
+	MultiNodeReaderOnly    AccessMode = "MULTI_NODE_READER_ONLY"
+	MultiNodeSingleWriter  AccessMode = "MULTI_NODE_SINGLE_WRITER"
+	MultiNodeMultiWriter   AccessMode = "MULTI_NODE_MULTI_WRITER"
+)
+
+// SingleNode reports whether the mode allows only one node at a time.
+func (m AccessMode) SingleNode() bool {
+	switch m {
+	case SingleNodeWriter, SingleNodeReaderOnly, SingleNodeSingleWriter, SingleNodeMultiWriter:
+		return true
+	}
+	return false
+}
+
+// ReadOnly reports whether the mode forbids writes.
+func (m AccessMode) ReadOnly() bool {
+	return m == SingleNodeReaderOnly || m == MultiNodeReaderOnly
+}
+
+// VolumeSpec is what CreateVolume asks an image store for.
+type VolumeSpec struct {
+	Name string // the CSI name; creation is idempotent by name
+	// CapacityBytes is the size to allocate, already rounded by the driver.
+	CapacityBytes int64
+	// RequiredBytes and LimitBytes are the caller's range (0 = unset); a
+	// repeated CreateVolume is compatible when the existing size fits them.
+	RequiredBytes int64
+	LimitBytes    int64
+	AccessType    AccessType
+	FsType        string // empty for block volumes
+	// Parameters are the StorageClass parameters that shape the volume
+	// (mkfsOptions, ...). Two requests with different parameters are different volumes.
+	Parameters map[string]string
+}
+
+// Image is an image store's record of one volume.
+type Image struct {
+	ID            string            `json:"id"`   // the image part of the volume ID
+	Name          string            `json:"name"` // the CSI name
+	CapacityBytes int64             `json:"capacityBytes"`
+	AccessType    AccessType        `json:"accessType"`
+	FsType        string            `json:"fsType,omitempty"`
+	Formatted     bool              `json:"formatted"`
+	Parameters    map[string]string `json:"parameters,omitempty"`
+	Attachments   []Attachment      `json:"attachments,omitempty"`
+	CreatedAt     time.Time         `json:"createdAt"`
+}
+
+// Clone returns a deep copy.
+func (img *Image) Clone() *Image {
+	c := *img
+	c.Parameters = maps.Clone(img.Parameters)
+	c.Attachments = slices.Clone(img.Attachments)
+	return &c
+}
+
+// Attachment records that a node was granted access by ControllerPublish.
+type Attachment struct {
+	NodeID     string     `json:"nodeID"`
+	AccessMode AccessMode `json:"accessMode"`
+	ReadOnly   bool       `json:"readOnly"`
+	Since      time.Time  `json:"since"`
+}
+
+// NodeInfo is what a node plugin tells a backend about itself, so the
+// controller can refuse to publish to a node that cannot reach the backend.
+type NodeInfo struct {
+	NodeID            string    `json:"nodeID"`
+	MaxVolumesPerNode int64     `json:"maxVolumesPerNode,omitempty"`
+	RegisteredAt      time.Time `json:"registeredAt"`
+}
+
+// ImageStore allocates images and keeps their metadata.
+type ImageStore interface {
+	// Create allocates an image for spec, or returns the existing one when an
+	// image with spec.Name exists and is compatible (ErrAlreadyExists when not).
+	// A failed Create leaves nothing behind.
+	Create(ctx context.Context, spec VolumeSpec) (*Image, error)
+	// Delete removes the image. A missing image is success; an image that is
+	// still published is ErrPrecondition.
+	Delete(ctx context.Context, imageID string) error
+	// Get returns the image or ErrNotFound.
+	Get(ctx context.Context, imageID string) (*Image, error)
+	// Probe reports whether the store is reachable and usable.
+	Probe(ctx context.Context) error
+}
+
+// Exporter grants and revokes nodes' access to images.
+type Exporter interface {
+	// SupportsAccess returns ErrInvalidArgument, naming the reason, when the
+	// backend cannot serve the access type and mode combination.
+	SupportsAccess(t AccessType, m AccessMode) error
+	// Publish grants att.NodeID access and returns the publish_context the
+	// node needs. Repeating a compatible publish is a no-op; a second node on a
+	// single-node volume is ErrPrecondition naming the holder; the same node
+	// with other flags is ErrAlreadyExists; an unknown image or node ErrNotFound.
+	Publish(ctx context.Context, imageID string, att Attachment) (map[string]string, error)
+	// Unpublish revokes a node's access. Unknown nodes and images are success.
+	Unpublish(ctx context.Context, imageID, nodeID string) error
+}
+
+// ContextReadOnly is the publish_context key, common to all backends, that
+// tells the node the controller granted read-only access.
+const ContextReadOnly = "readOnly"
+
+// AttachRequest asks a node's attacher for a local device.
+type AttachRequest struct {
+	ImageID        string
+	NodeID         string
+	PublishContext map[string]string
+	ReadOnly       bool
+}
+
+// Device is an attached image on this node.
+type Device struct {
+	Path     string // /dev/loop3, /dev/nbd0, ...
+	ReadOnly bool
+	// Formatted and FsType are the image store's record, when the node can
+	// read it; a formatted image is never formatted again.
+	Formatted bool
+	FsType    string
+}
+
+// Attacher is the node side of a backend.
+type Attacher interface {
+	// Attach returns a local device for the image, reusing one that is
+	// already attached with the same read-only setting, after proving it is
+	// that image. ErrPrecondition when the image is not published to this node.
+	Attach(ctx context.Context, req AttachRequest) (*Device, error)
+	// Detach releases devicePath, or every device of the image when
+	// devicePath is empty. It never releases a device that is not proven to be
+	// the image's, and refuses (ErrPrecondition) one that is still in use.
+	// Nothing attached is success.
+	Detach(ctx context.Context, imageID, devicePath string) error
+	// Devices lists the devices currently attached for the image on this node.
+	Devices(ctx context.Context, imageID string) ([]Device, error)
+	// RecordFormatted notes in the image's metadata that it now holds fsType.
+	RecordFormatted(ctx context.Context, imageID, fsType string) error
+	// RegisterNode announces this node to the backend (idempotent).
+	RegisterNode(ctx context.Context, info NodeInfo) error
+	// Probe reports whether this node can attach images of this backend.
+	Probe(ctx context.Context) error
+}
+
+// Instance is one configured backend instance, e.g. "loop/default".
+type Instance struct {
+	Type     string // "loop", "iscsi", "rbd"
+	Name     string // from the config, e.g. "default"
+	Store    ImageStore
+	Exporter Exporter
+	Attacher Attacher
+}
+
+// Key is "<type>/<name>", the prefix of every volume ID the instance serves.
+func (i *Instance) Key() string { return i.Type + "/" + i.Name }

@@ -1,0 +1,527 @@
+// Package filestore is an image store of sparse files in a pool directory:
+// the loop backend's store, and the iSCSI backend's on the target host.
+//
+// Layout of a pool directory:
+//
+//	<id>.img           the sparse image
+//	<id>.json          its metadata (backend.Image plus a state), replaced atomically
+//	.nodes/<node>.json node plugins that registered with this pool
+//	.spindle.lock      flock'ed around every read-modify-write of metadata
+//
+// Every metadata change happens under the pool lock, which is an flock and so
+// works between the controller and node plugins sharing the directory.
+// Creation writes the metadata first (state "creating"), then the image, then
+// the metadata again (state "ready"); deletion removes the metadata first and
+// the image second. So an image file without metadata is always the leftover
+// of an interrupted delete and a "creating" record the leftover of an
+// interrupted create; both are cleaned up when the ID is next used.
+package filestore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spindle-csi/spindle/internal/atomicfile"
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+const (
+	imageSuffix = ".img"
+	metaSuffix  = ".json"
+	lockName    = ".spindle.lock"
+	nodesDir    = ".nodes"
+
+	stateCreating = "creating"
+	stateReady    = "ready"
+
+	recordVersion = 1
+
+	// lockPoll is how often a busy pool lock is retried.
+	lockPoll = 5 * time.Millisecond
+	// defaultLockWait bounds the wait for the pool lock when the context has no deadline.
+	defaultLockWait = 30 * time.Second
+)
+
+// Options configure a Store.
+type Options struct {
+	// Dir is the pool directory; created (0750) when missing.
+	Dir string
+	// Name is the instance key, e.g. "loop/default", for messages.
+	Name string
+	// MaxProvisionedBytes caps the sum of all images' sizes; 0 means only
+	// the pool filesystem's free space limits a new image.
+	MaxProvisionedBytes int64
+}
+
+// Store is a pool directory of sparse images.
+type Store struct {
+	dir  string
+	name string
+	max  int64
+}
+
+// record is the on-disk metadata of one image.
+type record struct {
+	Version int    `json:"version"`
+	State   string `json:"state"`
+	backend.Image
+}
+
+// New opens (creating if needed) the pool directory.
+func New(opts Options) (*Store, error) {
+	if opts.Dir == "" || !filepath.IsAbs(opts.Dir) {
+		return nil, errdefs.InvalidArgument("pool directory %q must be an absolute path", opts.Dir)
+	}
+	if err := os.MkdirAll(filepath.Join(opts.Dir, nodesDir), 0o750); err != nil {
+		return nil, fmt.Errorf("create pool directory: %w", err)
+	}
+	// The kernel reports a loop device's backing file by its resolved path, so
+	// the store works with the resolved path too.
+	dir, err := filepath.EvalSymlinks(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("resolve pool directory: %w", err)
+	}
+	return &Store{dir: dir, name: opts.Name, max: opts.MaxProvisionedBytes}, nil
+}
+
+// Dir is the resolved pool directory.
+func (s *Store) Dir() string { return s.dir }
+
+// ImagePath is where the image file of id lives.
+func (s *Store) ImagePath(id string) string { return filepath.Join(s.dir, id+imageSuffix) }
+
+func (s *Store) metaPath(id string) string { return filepath.Join(s.dir, id+metaSuffix) }
+
+var plainNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var hashedIDRe = regexp.MustCompile(`^vol-[0-9a-f]{40}$`)
+
+// ImageIDForName maps a CSI name to an image ID, deterministically, so that a
+// retried CreateVolume finds its image without a name index. A short name in
+// a safe alphabet (every Kubernetes "pvc-<uid>") is used as it is, so IDs stay
+// readable; anything else is hashed.
+func ImageIDForName(name string) string {
+	if plainNameRe.MatchString(name) && !strings.Contains(name, "..") && !hashedIDRe.MatchString(name) {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "vol-" + hex.EncodeToString(sum[:20])
+}
+
+// validID guards every path built from an image ID (the driver validated the
+// volume ID already; this keeps the store safe on its own).
+func validID(id string) error {
+	if id == "" || strings.ContainsAny(id, "/\x00") || strings.HasPrefix(id, ".") || strings.Contains(id, "..") {
+		return errdefs.InvalidArgument("image ID %q is not a valid file image name", id)
+	}
+	return nil
+}
+
+// Create implements backend.ImageStore.
+func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.Image, error) {
+	id := ImageIDForName(spec.Name)
+	if spec.CapacityBytes <= 0 {
+		return nil, errdefs.InvalidArgument("capacity must be positive, got %d", spec.CapacityBytes)
+	}
+	var out *backend.Image
+	err := s.withLock(ctx, func() error {
+		rec, err := s.read(id)
+		switch {
+		case err == nil && rec.State == stateReady:
+			if rec.Name != spec.Name {
+				return fmt.Errorf("image %s belongs to volume name %q, not %q", id, rec.Name, spec.Name)
+			}
+			if err := compatible(&rec.Image, spec); err != nil {
+				return err
+			}
+			out = rec.Image.Clone()
+			return nil
+		case err == nil:
+			// An interrupted create: start again from nothing.
+			if err := s.removeFiles(id); err != nil {
+				return err
+			}
+		case !errors.Is(err, errdefs.ErrNotFound):
+			return err
+		default:
+			// No metadata: an image file here is the leftover of an interrupted delete.
+			if err := os.Remove(s.ImagePath(id)); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+		}
+		if err := s.checkSpace(spec.CapacityBytes); err != nil {
+			return err
+		}
+		img := backend.Image{
+			ID:            id,
+			Name:          spec.Name,
+			CapacityBytes: spec.CapacityBytes,
+			AccessType:    spec.AccessType,
+			FsType:        spec.FsType,
+			Parameters:    maps.Clone(spec.Parameters),
+			CreatedAt:     time.Now().UTC().Truncate(time.Second),
+		}
+		if err := s.allocate(&img); err != nil {
+			// Leave nothing behind: not the image, not the record.
+			if cleanupErr := s.removeFiles(id); cleanupErr != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup: %w", cleanupErr))
+			}
+			return err
+		}
+		out = img.Clone()
+		return nil
+	})
+	return out, err
+}
+
+// allocate writes the creating record, the sparse file and the ready record.
+func (s *Store) allocate(img *backend.Image) error {
+	if err := s.write(&record{State: stateCreating, Image: *img}); err != nil {
+		return spaceError(err, "write metadata of %s", img.ID)
+	}
+	f, err := os.OpenFile(s.ImagePath(img.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return spaceError(err, "create image %s", img.ID)
+	}
+	err = f.Truncate(img.CapacityBytes)
+	if err == nil {
+		err = f.Sync()
+	}
+	if closeErr := f.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		if errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EINVAL) {
+			return errdefs.Wrap(errdefs.ErrOutOfRange, err, "the pool filesystem cannot hold a %d-byte image", img.CapacityBytes)
+		}
+		return spaceError(err, "size image %s", img.ID)
+	}
+	if err := s.write(&record{State: stateReady, Image: *img}); err != nil {
+		return spaceError(err, "write metadata of %s", img.ID)
+	}
+	return nil
+}
+
+func spaceError(err error, format string, args ...any) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return errdefs.Wrap(errdefs.ErrExhausted, err, format, args...)
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
+}
+
+// checkSpace refuses an image the pool cannot hold.
+func (s *Store) checkSpace(size int64) error {
+	free, err := s.FreeBytes()
+	if err != nil {
+		return err
+	}
+	if size > free {
+		return errdefs.Exhausted("pool %s has %d bytes free; a %d-byte volume does not fit", s.name, free, size)
+	}
+	if s.max > 0 {
+		used, err := s.ProvisionedBytes()
+		if err != nil {
+			return err
+		}
+		if used+size > s.max {
+			return errdefs.Exhausted("pool %s has %d of its %d bytes provisioned; a %d-byte volume does not fit", s.name, used, s.max, size)
+		}
+	}
+	return nil
+}
+
+// FreeBytes is the space available to new data on the pool filesystem.
+func (s *Store) FreeBytes() (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", s.dir, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// ProvisionedBytes is the sum of all images' sizes.
+func (s *Store) ProvisionedBytes() (int64, error) {
+	recs, err := s.readAll()
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, r := range recs {
+		sum += r.CapacityBytes
+	}
+	return sum, nil
+}
+
+// compatible says whether an existing image satisfies a repeated request.
+func compatible(img *backend.Image, spec backend.VolumeSpec) error {
+	var diffs []string
+	if spec.RequiredBytes > 0 && img.CapacityBytes < spec.RequiredBytes {
+		diffs = append(diffs, fmt.Sprintf("its size %d is below the required %d bytes", img.CapacityBytes, spec.RequiredBytes))
+	}
+	if spec.LimitBytes > 0 && img.CapacityBytes > spec.LimitBytes {
+		diffs = append(diffs, fmt.Sprintf("its size %d is above the limit of %d bytes", img.CapacityBytes, spec.LimitBytes))
+	}
+	if spec.RequiredBytes == 0 && spec.LimitBytes == 0 && img.CapacityBytes != spec.CapacityBytes {
+		diffs = append(diffs, fmt.Sprintf("its size is %d bytes, not %d", img.CapacityBytes, spec.CapacityBytes))
+	}
+	if img.AccessType != spec.AccessType {
+		diffs = append(diffs, fmt.Sprintf("it is a %s volume, not %s", img.AccessType, spec.AccessType))
+	}
+	if img.FsType != spec.FsType {
+		diffs = append(diffs, fmt.Sprintf("its fs type is %q, not %q", img.FsType, spec.FsType))
+	}
+	if !maps.Equal(img.Parameters, spec.Parameters) {
+		diffs = append(diffs, fmt.Sprintf("its parameters are %v, not %v", img.Parameters, spec.Parameters))
+	}
+	if len(diffs) > 0 {
+		return errdefs.AlreadyExists("volume %q already exists and %s", img.Name, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// Delete implements backend.ImageStore.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	return s.withLock(ctx, func() error {
+		rec, err := s.read(id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			if err := os.Remove(s.ImagePath(id)); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if rec.State == stateReady && len(rec.Attachments) > 0 {
+			nodes := make([]string, 0, len(rec.Attachments))
+			for _, a := range rec.Attachments {
+				nodes = append(nodes, a.NodeID)
+			}
+			return errdefs.Precondition("volume %s is still published to node(s) %s; unpublish it first", id, strings.Join(nodes, ", "))
+		}
+		return s.removeFiles(id)
+	})
+}
+
+// removeFiles removes the metadata first, then the image (see the package comment).
+func (s *Store) removeFiles(id string) error {
+	if err := atomicfile.Remove(s.metaPath(id)); err != nil {
+		return fmt.Errorf("remove metadata of %s: %w", id, err)
+	}
+	if err := os.Remove(s.ImagePath(id)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove image %s: %w", id, err)
+	}
+	return nil
+}
+
+// Get implements backend.ImageStore.
+func (s *Store) Get(_ context.Context, id string) (*backend.Image, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	rec, err := s.read(id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.State != stateReady {
+		return nil, errdefs.NotFound("volume %s is still being created", id)
+	}
+	return rec.Image.Clone(), nil
+}
+
+// ErrUnchanged, returned by an Update function, ends the update without
+// writing: the image is returned as it is.
+var ErrUnchanged = errors.New("unchanged")
+
+// Update applies fn to the image's metadata under the pool lock and stores
+// the result. fn's error aborts the update and is returned as it is, except
+// ErrUnchanged, which skips the write.
+func (s *Store) Update(ctx context.Context, id string, fn func(*backend.Image) error) (*backend.Image, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	var out *backend.Image
+	err := s.withLock(ctx, func() error {
+		rec, err := s.read(id)
+		if err != nil {
+			return err
+		}
+		if rec.State != stateReady {
+			return errdefs.NotFound("volume %s is still being created", id)
+		}
+		img := rec.Image.Clone()
+		if err := fn(img); errors.Is(err, ErrUnchanged) {
+			out = rec.Image.Clone()
+			return nil
+		} else if err != nil {
+			return err
+		}
+		img.ID, img.Name = rec.ID, rec.Name // fn may not rename
+		if err := s.write(&record{State: stateReady, Image: *img}); err != nil {
+			return spaceError(err, "write metadata of %s", id)
+		}
+		out = img.Clone()
+		return nil
+	})
+	return out, err
+}
+
+// Probe implements backend.ImageStore: the pool directory is there and writable.
+func (s *Store) Probe(context.Context) error {
+	if err := unix.Access(s.dir, unix.W_OK|unix.X_OK); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pool directory %s is not usable", s.dir)
+	}
+	return nil
+}
+
+func (s *Store) read(id string) (*record, error) {
+	data, err := os.ReadFile(s.metaPath(id))
+	if os.IsNotExist(err) {
+		return nil, errdefs.NotFound("volume %s does not exist in %s", id, s.name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("metadata %s is corrupt: %w", s.metaPath(id), err)
+	}
+	if rec.Version != recordVersion {
+		return nil, fmt.Errorf("metadata %s has version %d; this Spindle reads version %d", s.metaPath(id), rec.Version, recordVersion)
+	}
+	return &rec, nil
+}
+
+func (s *Store) write(rec *record) error {
+	rec.Version = recordVersion
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(s.metaPath(rec.ID), append(data, '\n'), 0o600)
+}
+
+// readAll returns every ready image record.
+func (s *Store) readAll() ([]*record, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []*record
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, metaSuffix) || strings.HasPrefix(name, ".") {
+			continue
+		}
+		rec, err := s.read(strings.TrimSuffix(name, metaSuffix))
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		if rec.State == stateReady {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
+// withLock runs fn holding the pool's flock. It waits for the lock until the
+// context's deadline (or defaultLockWait), then gives up with ErrBusy.
+func (s *Store) withLock(ctx context.Context, fn func() error) error {
+	f, err := os.OpenFile(filepath.Join(s.dir, lockName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "open the lock of pool %s", s.name)
+	}
+	defer f.Close()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(defaultLockWait)
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("lock pool %s: %w", s.name, err)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errdefs.Busy("pool %s is locked by another operation; try again", s.name)
+		}
+		time.Sleep(lockPoll)
+	}
+	defer func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN) }()
+	return fn()
+}
+
+// RegisterNode records a node plugin that can reach this pool. It rewrites
+// the record only when something changed, so restarts stay cheap.
+func (s *Store) RegisterNode(_ context.Context, info backend.NodeInfo) error {
+	if err := validNodeFile(info.NodeID); err != nil {
+		return err
+	}
+	path := filepath.Join(s.dir, nodesDir, info.NodeID+".json")
+	if old, err := s.readNode(path); err == nil && old.MaxVolumesPerNode == info.MaxVolumesPerNode {
+		return nil
+	}
+	if info.RegisteredAt.IsZero() {
+		info.RegisteredAt = time.Now().UTC().Truncate(time.Second)
+	}
+	data, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	return atomicfile.Write(path, append(data, '\n'), 0o600)
+}
+
+// Node returns a registered node, or ErrNotFound.
+func (s *Store) Node(_ context.Context, nodeID string) (*backend.NodeInfo, error) {
+	if err := validNodeFile(nodeID); err != nil {
+		return nil, err
+	}
+	info, err := s.readNode(filepath.Join(s.dir, nodesDir, nodeID+".json"))
+	if os.IsNotExist(err) {
+		return nil, errdefs.NotFound("node %q has not registered with %s (is the Spindle node plugin running there, with the pool %s mounted?)", nodeID, s.name, s.dir)
+	}
+	return info, err
+}
+
+func (s *Store) readNode(path string) (*backend.NodeInfo, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var info backend.NodeInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return nil, fmt.Errorf("node record %s is corrupt: %w", path, err)
+	}
+	return &info, nil
+}
+
+func validNodeFile(nodeID string) error {
+	if nodeID == "" || strings.ContainsAny(nodeID, "/\x00") || strings.HasPrefix(nodeID, ".") || len(nodeID) > 200 {
+		return errdefs.InvalidArgument("node ID %q cannot be registered", nodeID)
+	}
+	return nil
+}

@@ -1,0 +1,285 @@
+// Package loop is Spindle's embedded default backend: sparse image files in a
+// pool directory (internal/backend/filestore), exported by recording the
+// node in the image's metadata, attached on the node with
+// "losetup --direct-io=on" and identified through
+// /sys/block/loopN/loop/backing_file.
+//
+// The pool directory is shared by every node that uses the instance (one
+// machine, or a shared filesystem). Node plugins register themselves in the
+// pool, so the controller can tell a node that can reach the pool from one
+// that cannot.
+package loop
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Type is the backend name in volume IDs and in the config.
+const Type = "loop"
+
+// Keys of the publish_context the controller hands to the node (and that
+// operators read in VolumeAttachment.status.attachmentMetadata).
+// The read-only flag travels as backend.ContextReadOnly.
+const ContextImagePath = "imagePath"
+
+// Config is one loop instance of the config file.
+type Config struct {
+	PoolDir             string `json:"poolDir"`
+	MaxProvisionedBytes int64  `json:"maxProvisionedBytes,omitempty"`
+}
+
+// New builds the instance named name.
+func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
+	return newInstance(name, cfg, newLosetup(run))
+}
+
+// NewWithLoopDevices builds an instance on a given loop driver (a
+// FakeLoopDevices in tests).
+func NewWithLoopDevices(name string, cfg Config, loops *FakeLoopDevices) (*backend.Instance, error) {
+	return newInstance(name, cfg, loops)
+}
+
+func newInstance(name string, cfg Config, loops loopDevices) (*backend.Instance, error) {
+	key := Type + "/" + name
+	store, err := filestore.New(filestore.Options{Dir: cfg.PoolDir, Name: key, MaxProvisionedBytes: cfg.MaxProvisionedBytes})
+	if err != nil {
+		return nil, err
+	}
+	return &backend.Instance{
+		Type:     Type,
+		Name:     name,
+		Store:    store,
+		Exporter: &Exporter{store: store},
+		Attacher: &Attacher{store: store, loops: loops},
+	}, nil
+}
+
+// Exporter records attachments in the image metadata.
+type Exporter struct {
+	store *filestore.Store
+}
+
+var _ backend.Exporter = (*Exporter)(nil)
+
+// SupportsAccess implements backend.Exporter. A loop image is one file that
+// one kernel caches; it can be written from one node only, and shared across
+// nodes only read-only.
+func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
+	switch {
+	case t != backend.AccessMount && t != backend.AccessBlock:
+		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
+	case m.SingleNode(), m == backend.MultiNodeReaderOnly:
+		return nil
+	case m == backend.MultiNodeSingleWriter || m == backend.MultiNodeMultiWriter:
+		return errdefs.InvalidArgument("access mode %s is not supported by the loop backend: a loop image can be written from one node only", m)
+	default:
+		return errdefs.InvalidArgument("access mode %q is not supported by the loop backend", m)
+	}
+}
+
+// Publish implements backend.Exporter.
+func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
+	if _, err := e.store.Node(ctx, att.NodeID); err != nil {
+		return nil, err
+	}
+	img, err := e.store.Update(ctx, imageID, func(img *backend.Image) error {
+		already, err := backend.Admit(img, att)
+		if err != nil {
+			return err
+		}
+		if already {
+			return filestore.ErrUnchanged
+		}
+		img.Attachments = append(img.Attachments, att)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	readOnly := att.ReadOnly
+	for _, a := range img.Attachments {
+		if a.NodeID == att.NodeID {
+			readOnly = a.ReadOnly
+		}
+	}
+	return map[string]string{
+		ContextImagePath:        e.store.ImagePath(imageID),
+		backend.ContextReadOnly: strconv.FormatBool(readOnly),
+	}, nil
+}
+
+// Unpublish implements backend.Exporter.
+func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {
+	_, err := e.store.Update(ctx, imageID, func(img *backend.Image) error {
+		rest, found := backend.Detached(img.Attachments, nodeID)
+		if !found {
+			return filestore.ErrUnchanged
+		}
+		img.Attachments = rest
+		return nil
+	})
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil // a deleted volume has no attachments left to revoke
+	}
+	return err
+}
+
+// Attacher binds images to loop devices on this node.
+type Attacher struct {
+	store *filestore.Store
+	loops loopDevices
+}
+
+var _ backend.Attacher = (*Attacher)(nil)
+
+// Attach implements backend.Attacher.
+func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*backend.Device, error) {
+	img, err := a.store.Get(ctx, req.ImageID)
+	if err != nil {
+		return nil, err
+	}
+	var att *backend.Attachment
+	for i := range img.Attachments {
+		if img.Attachments[i].NodeID == req.NodeID {
+			att = &img.Attachments[i]
+		}
+	}
+	if att == nil {
+		return nil, errdefs.Precondition("volume %s is not published to node %q (ControllerPublishVolume has not granted this node access)", req.ImageID, req.NodeID)
+	}
+	path := a.store.ImagePath(req.ImageID)
+	if p, ok := req.PublishContext[ContextImagePath]; ok && p != path {
+		return nil, errdefs.Precondition("the controller published image path %s but this node's pool holds it at %s: controller and node configurations disagree", p, path)
+	}
+	readOnly := req.ReadOnly || att.ReadOnly || att.AccessMode.ReadOnly()
+
+	devs, err := a.devicesOf(ctx, path, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range devs {
+		if d.ReadOnly == readOnly {
+			return a.device(img, d), nil
+		}
+	}
+	devPath, err := a.loops.Attach(ctx, path, readOnly)
+	if err != nil {
+		return nil, err
+	}
+	// Prove the device is bound to our image before anyone formats or mounts it.
+	d, err := a.lookup(ctx, devPath)
+	if err != nil {
+		return nil, err
+	}
+	if d.BackingFile != path || d.Deleted {
+		return nil, errdefs.Precondition("loop device %s is bound to %q, not to image %s; refusing to use it", devPath, d.BackingFile, path)
+	}
+	if d.ReadOnly != readOnly {
+		_ = a.loops.Detach(ctx, devPath)
+		return nil, errdefs.Precondition("loop device %s came up with read-only=%t, asked for %t", devPath, d.ReadOnly, readOnly)
+	}
+	return a.device(img, *d), nil
+}
+
+func (a *Attacher) device(img *backend.Image, d LoopDevice) *backend.Device {
+	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly, Formatted: img.Formatted, FsType: img.FsType}
+}
+
+func (a *Attacher) lookup(ctx context.Context, devPath string) (*LoopDevice, error) {
+	all, err := a.loops.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if all[i].Path == devPath {
+			return &all[i], nil
+		}
+	}
+	return nil, errdefs.NotFound("loop device %s is not bound", devPath)
+}
+
+// devicesOf lists the loop devices bound to path; with deleted, also those
+// still bound to an unlinked file of that name.
+func (a *Attacher) devicesOf(ctx context.Context, path string, deleted bool) ([]LoopDevice, error) {
+	all, err := a.loops.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []LoopDevice
+	for _, d := range all {
+		if d.BackingFile == path && (deleted || !d.Deleted) {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// Detach implements backend.Attacher. Only devices whose backing file is the
+// image (or an unlinked file of the image's name) are ever detached.
+func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error {
+	devs, err := a.devicesOf(ctx, a.store.ImagePath(imageID), true)
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		if devicePath != "" && d.Path != devicePath {
+			continue
+		}
+		busy, err := a.loops.InUse(d.Path)
+		if err != nil {
+			return err
+		}
+		if busy {
+			return errdefs.Precondition("loop device %s of volume %s is still in use (mounted or held open exclusively)", d.Path, imageID)
+		}
+		if err := a.loops.Detach(ctx, d.Path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Devices implements backend.Attacher.
+func (a *Attacher) Devices(ctx context.Context, imageID string) ([]backend.Device, error) {
+	devs, err := a.devicesOf(ctx, a.store.ImagePath(imageID), false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]backend.Device, 0, len(devs))
+	for _, d := range devs {
+		out = append(out, backend.Device{Path: d.Path, ReadOnly: d.ReadOnly})
+	}
+	return out, nil
+}
+
+// RecordFormatted implements backend.Attacher.
+func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
+	_, err := a.store.Update(ctx, imageID, func(img *backend.Image) error {
+		if img.Formatted && img.FsType == fsType {
+			return filestore.ErrUnchanged
+		}
+		img.Formatted, img.FsType = true, fsType
+		return nil
+	})
+	return err
+}
+
+// RegisterNode implements backend.Attacher.
+func (a *Attacher) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
+	return a.store.RegisterNode(ctx, info)
+}
+
+// Probe implements backend.Attacher: the pool is reachable and this node
+// has a loop driver.
+func (a *Attacher) Probe(ctx context.Context) error {
+	if err := a.store.Probe(ctx); err != nil {
+		return err
+	}
+	return a.loops.Available()
+}

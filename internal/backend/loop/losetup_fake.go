@@ -1,0 +1,70 @@
+package loop
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// FakeLoopDevices is an in-memory loop driver for tests that cannot or should
+// not bind real devices. Tests may edit Devices directly to simulate the
+// kernel (a device rebound to another file, a busy device).
+type FakeLoopDevices struct {
+	mu      sync.Mutex
+	Devices map[string]*LoopDevice // by path
+	Busy    map[string]bool        // devices InUse reports as held
+	Max     int                    // number of loop devices; 0 = unlimited
+	next    int
+	// Calls records "attach <file> ro=<bool>" and "detach <dev>".
+	Calls []string
+}
+
+var _ loopDevices = (*FakeLoopDevices)(nil)
+
+// NewFakeLoopDevices returns an empty fake.
+func NewFakeLoopDevices() *FakeLoopDevices {
+	return &FakeLoopDevices{Devices: map[string]*LoopDevice{}, Busy: map[string]bool{}}
+}
+
+func (f *FakeLoopDevices) Attach(_ context.Context, file string, readOnly bool) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls = append(f.Calls, fmt.Sprintf("attach %s ro=%t", file, readOnly))
+	if f.Max > 0 && len(f.Devices) >= f.Max {
+		return "", errdefs.Exhausted("no free loop device on this node")
+	}
+	dev := fmt.Sprintf("/dev/loop%d", f.next)
+	f.next++
+	f.Devices[dev] = &LoopDevice{Path: dev, BackingFile: file, ReadOnly: readOnly}
+	return dev, nil
+}
+
+func (f *FakeLoopDevices) Detach(_ context.Context, dev string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls = append(f.Calls, "detach "+dev)
+	delete(f.Devices, dev)
+	return nil
+}
+
+func (f *FakeLoopDevices) List(context.Context) ([]LoopDevice, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]LoopDevice, 0, len(f.Devices))
+	for _, d := range f.Devices {
+		out = append(out, *d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+func (f *FakeLoopDevices) InUse(dev string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Busy[dev], nil
+}
+
+func (f *FakeLoopDevices) Available() error { return nil }

@@ -1,0 +1,189 @@
+// Package command runs the external programs Spindle depends on (blkid,
+// mkfs, mount, losetup, ...) the one way the project allows: through
+// k8s.io/utils/exec so tests can script them, always with a deadline, always
+// with LC_ALL=C so the output we parse and the errors we show are stable, and
+// with stderr carried into the error so a failure explains itself.
+package command
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	utilexec "k8s.io/utils/exec"
+)
+
+// DefaultTimeout bounds a command whose context has no deadline of its own.
+const DefaultTimeout = 2 * time.Minute
+
+// maxStderr is how much of a command's stderr goes into an error message.
+const maxStderr = 4096
+
+// Cmd describes one invocation.
+type Cmd struct {
+	Name string
+	Args []string
+	// Stdin is fed to the program; nil means an empty stdin, so a program
+	// that would prompt (mke2fs "Proceed anyway?") fails instead of hanging.
+	Stdin []byte
+	// SecretArgs hides the arguments in errors and observations, for the
+	// rare tool that only takes a credential on its command line.
+	SecretArgs bool
+	// Timeout overrides DefaultTimeout when the context has no deadline.
+	Timeout time.Duration
+}
+
+// Observation is reported after every command, for metrics and debug logs.
+type Observation struct {
+	Name     string
+	Args     []string // nil when the arguments are secret
+	Duration time.Duration
+	ExitCode int // 0 on success, -1 when the program did not exit normally
+	Err      error
+}
+
+// Runner runs commands. The zero value is not usable; call New.
+type Runner struct {
+	exec    utilexec.Interface
+	env     []string
+	observe func(Observation)
+}
+
+// New returns a Runner on top of e (utilexec.New() in production, a
+// testingexec.FakeExec in tests). observe may be nil.
+func New(e utilexec.Interface, observe func(Observation)) *Runner {
+	return &Runner{exec: e, env: cEnvironment(os.Environ()), observe: observe}
+}
+
+// cEnvironment is the process environment with every locale variable
+// replaced by LC_ALL=C.
+func cEnvironment(environ []string) []string {
+	env := make([]string, 0, len(environ)+1)
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "LC_") || strings.HasPrefix(kv, "LANG=") || strings.HasPrefix(kv, "LANGUAGE=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "LC_ALL=C")
+}
+
+// Run runs name with args and returns its stdout.
+func (r *Runner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return r.Exec(ctx, Cmd{Name: name, Args: args})
+}
+
+// Exec runs c and returns its stdout. A failure is an *Error.
+func (r *Runner) Exec(ctx context.Context, c Cmd) ([]byte, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		timeout := c.Timeout
+		if timeout <= 0 {
+			timeout = DefaultTimeout
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+
+	var stdout, stderr bytes.Buffer
+	cmd := r.exec.CommandContext(ctx, c.Name, c.Args...)
+	cmd.SetEnv(r.env)
+	cmd.SetStdin(bytes.NewReader(c.Stdin))
+	cmd.SetStdout(&stdout)
+	cmd.SetStderr(&stderr)
+
+	start := time.Now()
+	runErr := cmd.Run()
+	elapsed := time.Since(start)
+
+	var err error
+	exitCode := 0
+	if runErr != nil {
+		e := &Error{Name: c.Name, ExitCode: -1, Stderr: trimStderr(stderr.String()), Err: runErr}
+		if !c.SecretArgs {
+			e.Args = c.Args
+		}
+		var exitErr utilexec.ExitError
+		if errors.As(runErr, &exitErr) && exitErr.Exited() {
+			e.ExitCode = exitErr.ExitStatus()
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			// The program was killed because we gave up on it; say so
+			// rather than "signal: killed".
+			e.Err = fmt.Errorf("%w after %s", ctxErr, elapsed.Round(time.Millisecond))
+			e.ExitCode = -1
+		}
+		exitCode = e.ExitCode
+		err = e
+	}
+	if r.observe != nil {
+		o := Observation{Name: c.Name, Duration: elapsed, ExitCode: exitCode, Err: err}
+		if !c.SecretArgs {
+			o.Args = c.Args
+		}
+		r.observe(o)
+	}
+	return stdout.Bytes(), err
+}
+
+func trimStderr(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > maxStderr {
+		s = s[:maxStderr] + "...(truncated)"
+	}
+	return s
+}
+
+// Error is a command that failed to run or exited non-zero.
+type Error struct {
+	Name     string
+	Args     []string // nil when secret
+	ExitCode int      // -1 when the program did not exit normally
+	Stderr   string
+	Err      error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Name)
+	if e.Args != nil {
+		for _, a := range e.Args {
+			b.WriteByte(' ')
+			b.WriteString(a)
+		}
+	} else {
+		b.WriteString(" (arguments hidden)")
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	if e.Stderr != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Stderr)
+	}
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ExitCode returns the exit status of a command error, or -1 when err is not
+// a command that exited (nil, not found, killed, timed out).
+func ExitCode(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.ExitCode
+	}
+	return -1
+}
+
+// Stderr returns the captured stderr of a command error, or "".
+func Stderr(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Stderr
+	}
+	return ""
+}

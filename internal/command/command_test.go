@@ -1,0 +1,91 @@
+package command_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/command/commandtest"
+	utilexec "k8s.io/utils/exec"
+)
+
+func TestRunReportsExitCodeAndStderr(t *testing.T) {
+	script := commandtest.New(t,
+		commandtest.Expect("blkid", "-p", "/dev/loop9").Exits(2, ""),
+		commandtest.Expect("mkfs.ext4", "/dev/loop9").Exits(1, "mke2fs: Device size reported to be zero."),
+	)
+	var seen []command.Observation
+	r := command.New(script, func(o command.Observation) { seen = append(seen, o) })
+
+	_, err := r.Run(context.Background(), "blkid", "-p", "/dev/loop9")
+	if got := command.ExitCode(err); got != 2 {
+		t.Fatalf("exit code = %d, want 2 (err %v)", got, err)
+	}
+	_, err = r.Run(context.Background(), "mkfs.ext4", "/dev/loop9")
+	if err == nil || !strings.Contains(err.Error(), "Device size reported to be zero") || !strings.Contains(err.Error(), "mkfs.ext4 /dev/loop9") {
+		t.Fatalf("error should name the command and carry stderr, got %v", err)
+	}
+	if len(seen) != 2 || seen[1].ExitCode != 1 || seen[0].Name != "blkid" {
+		t.Fatalf("observations = %+v", seen)
+	}
+}
+
+func TestSecretArgsAreHidden(t *testing.T) {
+	script := commandtest.New(t, commandtest.Expect("tool", "--key", "s3cret").Exits(1, "denied"))
+	var seen command.Observation
+	r := command.New(script, func(o command.Observation) { seen = o })
+	_, err := r.Exec(context.Background(), command.Cmd{Name: "tool", Args: []string{"--key", "s3cret"}, SecretArgs: true})
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("error must not show secret arguments: %v", err)
+	}
+	if seen.Args != nil {
+		t.Fatalf("observation must not carry secret arguments: %v", seen.Args)
+	}
+}
+
+// The real executor: locale forced to C, the deadline kills a hung program.
+func TestRealCommandLocaleAndDeadline(t *testing.T) {
+	t.Setenv("LANG", "de_DE.UTF-8")
+	t.Setenv("LC_MESSAGES", "de_DE.UTF-8")
+	r := command.New(utilexec.New(), nil)
+	out, err := r.Run(context.Background(), "sh", "-c", "echo $LC_ALL:$LANG:$LC_MESSAGES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "C::" {
+		t.Fatalf("locale environment = %q, want %q", got, "C::")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = r.Run(ctx, "sleep", "30")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a hung command must fail with the deadline, got %v", err)
+	}
+	if command.ExitCode(err) != -1 {
+		t.Fatalf("a killed command has no exit code, got %d", command.ExitCode(err))
+	}
+
+	_, err = r.Run(context.Background(), "/nonexistent/tool")
+	if err == nil || command.ExitCode(err) != -1 {
+		t.Fatalf("a missing program must fail without an exit code, got %v", err)
+	}
+	if _, statErr := os.Stat("/nonexistent/tool"); statErr == nil {
+		t.Skip("unexpected /nonexistent/tool")
+	}
+}
+
+func TestStdinIsEmptyNotInherited(t *testing.T) {
+	r := command.New(utilexec.New(), nil)
+	out, err := r.Run(context.Background(), "sh", "-c", "cat; echo done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(out)) != "done" {
+		t.Fatalf("stdin must be empty, got %q", out)
+	}
+}

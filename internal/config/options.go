@@ -1,0 +1,135 @@
+// Package config holds the driver's start-up options (flags) and the backend
+// configuration file the Helm chart renders.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Mode selects which CSI services the process serves.
+type Mode string
+
+const (
+	ModeController Mode = "controller"
+	ModeNode       Mode = "node"
+	ModeAll        Mode = "all"
+)
+
+// Serves reports whether the mode includes the controller or node service.
+func (m Mode) Controller() bool { return m == ModeController || m == ModeAll }
+func (m Mode) Node() bool       { return m == ModeNode || m == ModeAll }
+
+// Defaults.
+const (
+	DefaultDriverName  = "spindle.csi.dev"
+	DefaultEndpoint    = "unix:///run/spindle/csi.sock"
+	DefaultLoopPoolDir = "/var/lib/spindle/pools/default"
+)
+
+// Options are the driver's command-line options.
+type Options struct {
+	Endpoint          string
+	Mode              Mode
+	NodeID            string
+	DriverName        string
+	ConfigFile        string
+	LoopPoolDir       string
+	MaxVolumesPerNode int64
+	LogFormat         string
+	LogLevel          string
+}
+
+// AddFlags registers the options on fs, with their defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	hostname, _ := os.Hostname()
+	fs.StringVar(&o.Endpoint, "endpoint", DefaultEndpoint, "CSI endpoint: unix:///path, unix:path or a bare path to the socket")
+	fs.Func("mode", "services to serve: controller, node or all (default all)", func(s string) error {
+		o.Mode = Mode(s)
+		return nil
+	})
+	o.Mode = ModeAll
+	fs.StringVar(&o.NodeID, "node-id", hostname, "this node's ID as reported by NodeGetInfo")
+	fs.StringVar(&o.DriverName, "driver-name", DefaultDriverName, "CSI driver name")
+	fs.StringVar(&o.ConfigFile, "config", "", "backend configuration file (YAML); without it the driver serves one loop instance \"default\" in --loop-pool-dir")
+	fs.StringVar(&o.LoopPoolDir, "loop-pool-dir", DefaultLoopPoolDir, "pool directory of the default loop instance, used when --config is not given")
+	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can have attached, reported by NodeGetInfo; 0 means no limit")
+	fs.StringVar(&o.LogFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+var (
+	// CSI: driver names are domain-name-like, at most 63 characters.
+	driverNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+	nodeIDRe     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$`)
+)
+
+// ValidateNodeID checks a node ID: it names files in shared pools and
+// appears in VolumeAttachments, so it is kept to a safe alphabet.
+func ValidateNodeID(id string) error {
+	if !nodeIDRe.MatchString(id) {
+		return fmt.Errorf("node ID %q must be 1-128 characters of [A-Za-z0-9._-], starting and ending with a letter or digit", id)
+	}
+	return nil
+}
+
+// Validate checks every option and reports all problems at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if _, err := SocketPath(o.Endpoint); err != nil {
+		errs = append(errs, err)
+	}
+	switch o.Mode {
+	case ModeController, ModeNode, ModeAll:
+	default:
+		errs = append(errs, fmt.Errorf("--mode=%q: must be controller, node or all", o.Mode))
+	}
+	if o.Mode.Node() || o.Mode == ModeAll {
+		if err := ValidateNodeID(o.NodeID); err != nil {
+			errs = append(errs, fmt.Errorf("--node-id: %w", err))
+		}
+	}
+	if !driverNameRe.MatchString(o.DriverName) {
+		errs = append(errs, fmt.Errorf("--driver-name=%q: must be a domain name of at most 63 characters (lower case, digits, '.' and '-')", o.DriverName))
+	}
+	if o.ConfigFile == "" && !filepath.IsAbs(o.LoopPoolDir) {
+		errs = append(errs, fmt.Errorf("--loop-pool-dir=%q: must be an absolute path", o.LoopPoolDir))
+	}
+	if o.MaxVolumesPerNode < 0 {
+		errs = append(errs, fmt.Errorf("--max-volumes-per-node=%d: must not be negative", o.MaxVolumesPerNode))
+	}
+	switch o.LogFormat {
+	case "json", "console":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format=%q: must be json or console", o.LogFormat))
+	}
+	switch o.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level=%q: must be debug, info, warn or error", o.LogLevel))
+	}
+	return errors.Join(errs...)
+}
+
+// SocketPath turns an endpoint (unix:///path, unix:path or a bare absolute
+// path) into the socket's path.
+func SocketPath(endpoint string) (string, error) {
+	path := endpoint
+	switch {
+	case strings.HasPrefix(endpoint, "unix://"):
+		path = strings.TrimPrefix(endpoint, "unix://")
+	case strings.HasPrefix(endpoint, "unix:"):
+		path = strings.TrimPrefix(endpoint, "unix:")
+	case strings.Contains(endpoint, "://"):
+		return "", fmt.Errorf("--endpoint=%q: only unix sockets are supported", endpoint)
+	}
+	if path == "" || !filepath.IsAbs(path) {
+		return "", fmt.Errorf("--endpoint=%q: the socket must be an absolute path", endpoint)
+	}
+	return filepath.Clean(path), nil
+}

@@ -1,0 +1,209 @@
+// Package driver implements Spindle's three CSI services (identity.go,
+// controller.go, node.go) on top of the backends and the node data path:
+// request validation, the capability matrix, per-volume locks, logging, and
+// the single mapping from errors to gRPC codes (errors.go).
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/config"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
+	"github.com/spindle-csi/spindle/internal/volumeid"
+)
+
+// Driver serves the CSI services of one Spindle process.
+type Driver struct {
+	opts            config.Options
+	version         string
+	instances       map[string]*backend.Instance
+	defaultInstance string
+	data            *node.DataPath
+	locks           *operationLocks
+	log             *zap.Logger
+}
+
+// New builds a driver from validated options: it loads the backend config
+// (or the default loop instance) and opens every backend instance.
+func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	file := config.DefaultFile(opts.LoopPoolDir)
+	if opts.ConfigFile != "" {
+		var err error
+		if file, err = config.LoadFile(opts.ConfigFile); err != nil {
+			return nil, err
+		}
+	}
+	run := command.New(utilexec.New(), func(o command.Observation) {
+		if ce := log.Check(zap.DebugLevel, "command"); ce != nil {
+			ce.Write(zap.String("name", o.Name), zap.Strings("args", o.Args), zap.Duration("duration", o.Duration), zap.Int("exitCode", o.ExitCode))
+		}
+	})
+	instances := map[string]*backend.Instance{}
+	for _, b := range file.Backends {
+		var inst *backend.Instance
+		var err error
+		switch b.Type {
+		case loop.Type:
+			inst, err = loop.New(b.Name, *b.Loop, run)
+		default:
+			err = fmt.Errorf("unknown backend type %q", b.Type)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: %w", b.Key(), err)
+		}
+		instances[inst.Key()] = inst
+	}
+	if version == "" {
+		version = "unknown"
+	}
+	return &Driver{
+		opts:            opts,
+		version:         version,
+		instances:       instances,
+		defaultInstance: file.Default(),
+		data:            node.New(run),
+		locks:           newOperationLocks(),
+		log:             log,
+	}, nil
+}
+
+// instanceFor returns the backend instance serving id.
+func (d *Driver) instanceFor(id volumeid.ID) (*backend.Instance, error) {
+	inst, ok := d.instances[id.InstanceKey()]
+	if !ok {
+		return nil, errdefs.Precondition("backend instance %s of volume %s is not configured in this driver (configured: %v)", id.InstanceKey(), id, d.instanceKeys())
+	}
+	return inst, nil
+}
+
+func (d *Driver) instanceKeys() []string {
+	keys := make([]string, 0, len(d.instances))
+	for k := range d.instances {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// shutdownGrace is how long in-flight RPCs may run after a stop signal
+// before the server closes their connections.
+const shutdownGrace = 20 * time.Second
+
+// Run serves until ctx is cancelled, then stops gracefully.
+func (d *Driver) Run(ctx context.Context) error {
+	socket, err := config.SocketPath(d.opts.Endpoint)
+	if err != nil {
+		return err
+	}
+	if d.opts.Mode.Node() {
+		if err := d.registerNode(ctx); err != nil {
+			return err
+		}
+	}
+	lis, err := listenUnix(socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(socket)
+
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.interceptor))
+	csi.RegisterIdentityServer(srv, &identityService{d: d})
+	if d.opts.Mode.Controller() {
+		csi.RegisterControllerServer(srv, &controllerService{d: d})
+	}
+	if d.opts.Mode.Node() {
+		csi.RegisterNodeServer(srv, &nodeService{d: d})
+	}
+
+	d.log.Info("serving",
+		zap.String("driver", d.opts.DriverName), zap.String("version", d.version),
+		zap.String("mode", string(d.opts.Mode)), zap.String("nodeID", d.opts.NodeID),
+		zap.String("endpoint", socket), zap.Strings("backends", d.instanceKeys()), zap.String("defaultBackend", d.defaultInstance))
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+	d.log.Info("stopping: waiting for in-flight RPCs", zap.Duration("grace", shutdownGrace))
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(shutdownGrace):
+		d.log.Warn("in-flight RPCs did not finish in time; closing connections")
+		srv.Stop()
+	}
+	d.log.Info("stopped")
+	return nil
+}
+
+// registerNode announces this node to every backend instance.
+func (d *Driver) registerNode(ctx context.Context) error {
+	var errs []error
+	for _, key := range d.instanceKeys() {
+		info := backend.NodeInfo{NodeID: d.opts.NodeID, MaxVolumesPerNode: d.opts.MaxVolumesPerNode}
+		if err := d.instances[key].Attacher.RegisterNode(ctx, info); err != nil {
+			errs = append(errs, fmt.Errorf("register node %q with %s: %w", d.opts.NodeID, key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// umaskMu serialises the umask change around socket creation; umask is
+// process-wide.
+var umaskMu sync.Mutex
+
+// listenUnix listens on path: a stale socket left by a previous run is
+// removed (anything else at that path is an error), and the new socket is
+// created mode 0600 so only root can talk to the plugin.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if st, err := os.Lstat(path); err == nil {
+		if st.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to remove it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	umaskMu.Lock()
+	old := syscall.Umask(0o177)
+	lis, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	umaskMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		lis.Close()
+		return nil, err
+	}
+	return lis, nil
+}

@@ -1,0 +1,52 @@
+package driver
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// codeOf is the one mapping from Spindle's error kinds to gRPC codes.
+func codeOf(err error) codes.Code {
+	switch errdefs.KindOf(err) {
+	case errdefs.ErrInvalidArgument:
+		return codes.InvalidArgument
+	case errdefs.ErrNotFound:
+		return codes.NotFound
+	case errdefs.ErrAlreadyExists:
+		return codes.AlreadyExists
+	case errdefs.ErrOutOfRange:
+		return codes.OutOfRange
+	case errdefs.ErrExhausted:
+		return codes.ResourceExhausted
+	case errdefs.ErrPrecondition:
+		return codes.FailedPrecondition
+	case errdefs.ErrBusy:
+		return codes.Aborted
+	case errdefs.ErrUnavailable:
+		return codes.Unavailable
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	}
+	return codes.Internal
+}
+
+// toStatus turns a handler's error into a gRPC status error. Errors that are
+// already statuses pass through.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codeOf(err), err.Error())
+}

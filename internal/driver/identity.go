@@ -1,0 +1,50 @@
+package driver
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+type identityService struct {
+	csi.UnimplementedIdentityServer
+	d *Driver
+}
+
+func (s *identityService) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: s.d.opts.DriverName, VendorVersion: s.d.version}, nil
+}
+
+func (s *identityService) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	var caps []*csi.PluginCapability
+	if s.d.opts.Mode.Controller() {
+		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
+			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE},
+		}})
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// Probe answers ready only when every backend instance this process serves
+// is reachable: its store on a controller, its attacher on a node.
+func (s *identityService) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	for _, key := range s.d.instanceKeys() {
+		inst := s.d.instances[key]
+		// FAILED_PRECONDITION is the spec's answer for a dependency that is
+		// missing; the message says which backend and why.
+		if s.d.opts.Mode.Controller() {
+			if err := inst.Store.Probe(ctx); err != nil {
+				return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "backend %s is not reachable from the controller", key)
+			}
+		}
+		if s.d.opts.Mode.Node() {
+			if err := inst.Attacher.Probe(ctx); err != nil {
+				return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "backend %s is not usable on node %s", key, s.d.opts.NodeID)
+			}
+		}
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}

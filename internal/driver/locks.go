@@ -1,0 +1,35 @@
+package driver
+
+import (
+	"sync"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// operationLocks allows one operation per key at a time. A second caller
+// does not wait: it gets ABORTED at once, which is what the CSI sidecars
+// expect and retry with backoff, rather than piling up goroutines behind a
+// slow mkfs.
+type operationLocks struct {
+	mu   sync.Mutex
+	held map[string]struct{}
+}
+
+func newOperationLocks() *operationLocks {
+	return &operationLocks{held: map[string]struct{}{}}
+}
+
+// acquire takes key or returns an ErrBusy error naming what holds it.
+func (l *operationLocks) acquire(key, what string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, busy := l.held[key]; busy {
+		return nil, errdefs.Busy("an operation on %s is already in progress", what)
+	}
+	l.held[key] = struct{}{}
+	return func() {
+		l.mu.Lock()
+		delete(l.held, key)
+		l.mu.Unlock()
+	}, nil
+}

@@ -1,0 +1,140 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// quietMethods are polled by kubelet and the sidecars; they log at debug level.
+var quietMethods = map[string]bool{
+	"Probe": true, "GetPluginInfo": true, "GetPluginCapabilities": true,
+	"ControllerGetCapabilities": true, "NodeGetCapabilities": true, "NodeGetInfo": true,
+	"NodeGetVolumeStats": true,
+}
+
+// interceptor logs one line per RPC (method, volume ID, duration, code and
+// the request with secrets stripped), turns handler errors into gRPC
+// statuses, and turns a panic into INTERNAL instead of a dead plugin.
+func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			d.log.Error("panic in RPC handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			resp, err = nil, status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, r)
+		}
+		d.logRPC(info.FullMethod, req, time.Since(start), err)
+	}()
+	resp, err = handler(ctx, req)
+	return resp, toStatus(err)
+}
+
+func (d *Driver) logRPC(fullMethod string, req any, elapsed time.Duration, err error) {
+	method := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
+	code := status.Code(err)
+	level := zapcore.InfoLevel
+	switch {
+	case code == codes.Internal || code == codes.Unknown || code == codes.DataLoss:
+		level = zapcore.ErrorLevel
+	case err != nil:
+		level = zapcore.WarnLevel
+	case quietMethods[method]:
+		level = zapcore.DebugLevel
+	}
+	ce := d.log.Check(level, "rpc")
+	if ce == nil {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("method", method),
+		zap.Duration("duration", elapsed),
+		zap.String("code", code.String()),
+	}
+	if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
+		fields = append(fields, zap.String("volumeID", v.GetVolumeId()))
+	}
+	if v, ok := req.(interface{ GetNodeId() string }); ok && v.GetNodeId() != "" {
+		fields = append(fields, zap.String("nodeID", v.GetNodeId()))
+	}
+	if m, ok := req.(proto.Message); ok {
+		fields = append(fields, zap.String("request", sanitize(m)))
+	}
+	if err != nil {
+		fields = append(fields, zap.String("error", status.Convert(err).Message()))
+	}
+	ce.Write(fields...)
+}
+
+// secretMask replaces every value of a field marked csi_secret.
+const secretMask = "***stripped***"
+
+// sanitize renders a request as JSON with every field that the CSI spec
+// marks csi_secret masked, at any depth.
+func sanitize(m proto.Message) string {
+	c := proto.Clone(m)
+	stripSecrets(c.ProtoReflect())
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(c)
+	if err != nil {
+		return fmt.Sprintf("<unprintable request: %v>", err)
+	}
+	return string(b)
+}
+
+func stripSecrets(m protoreflect.Message) {
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if isSecret(fd) {
+			switch {
+			case fd.IsMap():
+				mp := m.Mutable(fd).Map()
+				mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
+					mp.Set(k, protoreflect.ValueOfString(secretMask))
+					return true
+				})
+			case fd.Kind() == protoreflect.StringKind && !fd.IsList():
+				m.Set(fd, protoreflect.ValueOfString(secretMask))
+			default:
+				m.Clear(fd)
+			}
+			return true
+		}
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Kind() == protoreflect.MessageKind {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+					stripSecrets(mv.Message())
+					return true
+				})
+			}
+		case fd.IsList():
+			if fd.Kind() == protoreflect.MessageKind {
+				for i := 0; i < v.List().Len(); i++ {
+					stripSecrets(v.List().Get(i).Message())
+				}
+			}
+		case fd.Kind() == protoreflect.MessageKind:
+			stripSecrets(v.Message())
+		}
+		return true
+	})
+}
+
+func isSecret(fd protoreflect.FieldDescriptor) bool {
+	opts := fd.Options()
+	if opts == nil {
+		return false
+	}
+	secret, ok := proto.GetExtension(opts, csi.E_CsiSecret).(bool)
+	return ok && secret
+}

@@ -1,0 +1,656 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"go.uber.org/zap"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
+	"github.com/spindle-csi/spindle/internal/volumeid"
+)
+
+type nodeService struct {
+	csi.UnimplementedNodeServer
+	d *Driver
+}
+
+// nodeCapabilities is the node half of the capability matrix.
+var nodeCapabilities = []csi.NodeServiceCapability_RPC_Type{
+	csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+	csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+	csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+}
+
+func (s *nodeService) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	caps := make([]*csi.NodeServiceCapability, 0, len(nodeCapabilities))
+	for _, c := range nodeCapabilities {
+		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
+			Rpc: &csi.NodeServiceCapability_RPC{Type: c},
+		}})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (s *nodeService) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: s.d.opts.NodeID, MaxVolumesPerNode: s.d.opts.MaxVolumesPerNode}, nil
+}
+
+// parseReadOnly reads the controller's read-only grant from publish_context.
+func parseReadOnly(pc map[string]string) (bool, error) {
+	v, ok := pc[backend.ContextReadOnly]
+	if !ok {
+		return false, nil
+	}
+	ro, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errdefs.InvalidArgument("publish_context.%s %q is not a boolean", backend.ContextReadOnly, v)
+	}
+	return ro, nil
+}
+
+// volumeDevices is the set of devices attached for one volume on this node,
+// with their device numbers, to recognise its mounts.
+type volumeDevices []volumeDevice
+
+type volumeDevice struct {
+	backend.Device
+	major, minor uint32
+}
+
+func (s *nodeService) devicesOf(ctx context.Context, inst *backend.Instance, id volumeid.ID) (volumeDevices, error) {
+	devs, err := inst.Attacher.Devices(ctx, id.Image)
+	if err != nil {
+		return nil, err
+	}
+	out := make(volumeDevices, 0, len(devs))
+	for _, d := range devs {
+		major, minor, err := node.DeviceNumber(d.Path)
+		if err != nil {
+			return nil, fmt.Errorf("device %s of volume %s: %w", d.Path, id, err)
+		}
+		out = append(out, volumeDevice{Device: d, major: major, minor: minor})
+	}
+	return out, nil
+}
+
+// filesystemMount returns the device whose filesystem m is, or nil.
+func (vd volumeDevices) filesystemMount(m *node.Mount) *volumeDevice {
+	for i := range vd {
+		if m.IsMountOf(vd[i].Path, vd[i].major, vd[i].minor) {
+			return &vd[i]
+		}
+	}
+	return nil
+}
+
+// deviceBind returns the device whose device node is bind-mounted at m (a
+// block publish), or nil. The mount's root names the device node ("/loop3"
+// under devtmpfs, or a container's /dev); the mount point's device number
+// confirms it.
+func (vd volumeDevices) deviceBind(m *node.Mount) *volumeDevice {
+	for i := range vd {
+		if m.Root != "/"+filepath.Base(vd[i].Path) {
+			continue
+		}
+		major, minor, isDev, err := node.BlockDeviceAt(m.MountPoint)
+		if err == nil && isDev && major == vd[i].major && minor == vd[i].minor {
+			return &vd[i]
+		}
+	}
+	return nil
+}
+
+func (vd volumeDevices) byNumber(major, minor uint32) *volumeDevice {
+	for i := range vd {
+		if vd[i].major == major && vd[i].minor == minor {
+			return &vd[i]
+		}
+	}
+	return nil
+}
+
+func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	staging := req.GetStagingTargetPath()
+	if err := validatePath("staging_target_path", staging); err != nil {
+		return nil, err
+	}
+	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	readOnly, err := parseReadOnly(req.GetPublishContext())
+	if err != nil {
+		return nil, err
+	}
+	mkfsOptions, err := mkfsOptionsFromContext(req.GetVolumeContext())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
+	}
+	inst, err := s.d.instanceFor(id)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	if staged, err := s.alreadyStaged(ctx, inst, id, staging, c); err != nil || staged {
+		return &csi.NodeStageVolumeResponse{}, err
+	}
+
+	dev, err := inst.Attacher.Attach(ctx, backend.AttachRequest{
+		ImageID:        id.Image,
+		NodeID:         s.d.opts.NodeID,
+		PublishContext: req.GetPublishContext(),
+		ReadOnly:       readOnly || c.mode.ReadOnly(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// From here on a failure undoes the attach: kubelet does not call
+	// NodeUnstageVolume after a stage that failed, so nothing else would.
+	staged := false
+	defer func() {
+		if !staged {
+			s.rollbackStage(inst, id, staging, dev.Path)
+		}
+	}()
+
+	rec := node.StageRecord{VolumeID: id.String(), Device: dev.Path, AccessType: string(c.accessType), ReadOnly: dev.ReadOnly}
+	if c.accessType == backend.AccessBlock {
+		// Block staging only attaches; publish binds the device itself.
+		if err := os.MkdirAll(filepath.Dir(staging), 0o750); err != nil {
+			return nil, err
+		}
+		if err := node.WriteStageRecord(staging, rec); err != nil {
+			return nil, fmt.Errorf("write stage record: %w", err)
+		}
+		staged = true
+		return &csi.NodeStageVolumeResponse{}, nil
+	}
+
+	fsName := c.fsType
+	if fsName == "" {
+		fsName = dev.FsType
+	}
+	if fsName == "" {
+		fsName = node.DefaultFsType
+	}
+	fs, err := node.LookupFilesystem(fsName)
+	if err != nil {
+		return nil, err
+	}
+	rec.FsType = fs.Name
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		return nil, fmt.Errorf("create staging path: %w", err)
+	}
+	if err := node.WriteStageRecord(staging, rec); err != nil {
+		return nil, fmt.Errorf("write stage record: %w", err)
+	}
+	formatted, err := s.d.data.EnsureFilesystem(ctx, node.FormatRequest{
+		Device:           dev.Path,
+		Filesystem:       fs,
+		MkfsOptions:      mkfsOptions,
+		AlreadyFormatted: dev.Formatted,
+		ReadOnly:         dev.ReadOnly,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w", id, err)
+	}
+	if formatted {
+		s.d.log.Info("formatted volume", zap.String("volumeID", id.String()), zap.String("device", dev.Path), zap.String("fsType", fs.Name))
+	}
+	if formatted || !dev.Formatted {
+		if err := inst.Attacher.RecordFormatted(ctx, id.Image, fs.Name); err != nil {
+			return nil, fmt.Errorf("record that volume %s holds %s: %w", id, fs.Name, err)
+		}
+	}
+	if err := s.d.data.MountDevice(ctx, dev.Path, staging, fs.Name, fs.MountOptions(c.mountFlags, dev.ReadOnly)); err != nil {
+		return nil, err
+	}
+	staged = true
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// alreadyStaged reports whether the volume is staged at staging as asked
+// (a retried NodeStageVolume). A dead mount there is cleaned up so the stage
+// can be redone; a mount of anything else is refused.
+func (s *nodeService) alreadyStaged(ctx context.Context, inst *backend.Instance, id volumeid.ID, staging string, c capability) (bool, error) {
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return false, err
+	}
+	if c.accessType == backend.AccessBlock {
+		rec, err := node.ReadStageRecord(staging)
+		if err != nil || rec.VolumeID != id.String() {
+			return false, nil
+		}
+		for _, d := range devs {
+			if d.Path == rec.Device {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+
+	corrupted, err := node.CheckHealthy(staging)
+	if err != nil && !os.IsNotExist(err) {
+		return false, err
+	}
+	if corrupted {
+		s.d.log.Warn("staging mount is dead; unmounting it to stage again", zap.String("volumeID", id.String()), zap.String("path", staging))
+		if err := s.d.data.Unmount(ctx, staging); err != nil {
+			return false, err
+		}
+		return false, nil
+	}
+	m, err := s.d.data.MountAt(staging)
+	if err != nil || m == nil {
+		return false, err
+	}
+	if devs.filesystemMount(m) == nil {
+		return false, errdefs.Precondition("staging_target_path %s already holds another mount (%s %s), not volume %s", staging, m.FsType, m.Source, id)
+	}
+	if c.fsType != "" && m.FsType != c.fsType {
+		return false, errdefs.AlreadyExists("volume %s is staged at %s as %s, not %s", id, staging, m.FsType, c.fsType)
+	}
+	return true, nil
+}
+
+// rollbackStage undoes a stage that failed part-way. Its own failures are
+// logged: the caller's error is the one that matters.
+func (s *nodeService) rollbackStage(inst *backend.Instance, id volumeid.ID, staging, device string) {
+	ctx := context.Background()
+	if m, err := s.d.data.MountAt(staging); err == nil && m != nil && m.Source == device {
+		if err := s.d.data.Unmount(ctx, staging); err != nil {
+			s.d.log.Error("rollback of a failed stage: unmount", zap.String("volumeID", id.String()), zap.Error(err))
+			return
+		}
+	}
+	if err := inst.Attacher.Detach(ctx, id.Image, device); err != nil {
+		s.d.log.Error("rollback of a failed stage: detach", zap.String("volumeID", id.String()), zap.String("device", device), zap.Error(err))
+		return
+	}
+	if err := node.RemoveStageRecord(staging); err != nil {
+		s.d.log.Error("rollback of a failed stage: remove stage record", zap.String("volumeID", id.String()), zap.Error(err))
+	}
+}
+
+func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	staging := req.GetStagingTargetPath()
+	if err := validatePath("staging_target_path", staging); err != nil {
+		return nil, err
+	}
+	inst, err := s.d.instanceFor(id)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return nil, err
+	}
+	// Refuse while the volume is still published: unmounting the staging
+	// path under live bind mounts would leave a device we cannot detach.
+	mounts, err := s.d.data.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	stagingMount := topMount(mounts, staging)
+	for i := range mounts {
+		m := &mounts[i]
+		if stagingMount != nil && m.ID == stagingMount.ID {
+			continue
+		}
+		if devs.filesystemMount(m) != nil || devs.deviceBind(m) != nil {
+			return nil, errdefs.Precondition("volume %s is still published at %s; unpublish it before unstaging", id, m.MountPoint)
+		}
+	}
+	if err := s.d.data.Unmount(ctx, staging); err != nil {
+		return nil, err
+	}
+	if err := inst.Attacher.Detach(ctx, id.Image, ""); err != nil {
+		return nil, err
+	}
+	if err := node.RemoveStageRecord(staging); err != nil {
+		return nil, fmt.Errorf("remove stage record: %w", err)
+	}
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// topMount finds the top-most mount at path in an already-read table.
+func topMount(mounts []node.Mount, path string) *node.Mount {
+	var top *node.Mount
+	resolved := node.Resolve(path)
+	for i := range mounts {
+		if mounts[i].MountPoint == resolved {
+			top = &mounts[i]
+		}
+	}
+	return top
+}
+
+func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	target := req.GetTargetPath()
+	if err := validatePath("target_path", target); err != nil {
+		return nil, err
+	}
+	// This driver stages, so the staging path is where the volume is.
+	if err := validatePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	inst, err := s.d.instanceFor(id)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return nil, err
+	}
+	if corrupted, err := node.CheckHealthy(target); err == nil && corrupted {
+		s.d.log.Warn("target mount is dead; unmounting it to publish again", zap.String("volumeID", id.String()), zap.String("path", target))
+		if err := s.d.data.Unmount(ctx, target); err != nil {
+			return nil, err
+		}
+	}
+	if c.accessType == backend.AccessBlock {
+		err = s.publishBlock(ctx, inst, id, req, c, devs)
+	} else {
+		err = s.publishMount(ctx, id, req, c, devs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+func (s *nodeService) publishMount(ctx context.Context, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability, devs volumeDevices) error {
+	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
+	mounts, err := s.d.data.Mounts()
+	if err != nil {
+		return err
+	}
+	st := topMount(mounts, staging)
+	if st == nil || devs.filesystemMount(st) == nil {
+		return errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
+	}
+	sameVolume := func(m *node.Mount) bool { return m.Major == st.Major && m.Minor == st.Minor && m.Root == st.Root }
+
+	if tm := topMount(mounts, target); tm != nil {
+		if !sameVolume(tm) {
+			return errdefs.Precondition("target_path %s already holds another mount (%s %s)", target, tm.FsType, tm.Source)
+		}
+		switch {
+		case readOnly && !tm.ReadOnly():
+			// An earlier publish stopped between bind and read-only remount.
+			return s.d.data.RemountReadOnly(ctx, target)
+		case !readOnly && tm.ReadOnly() && !st.ReadOnly():
+			return errdefs.AlreadyExists("volume %s is published read-only at %s; asked for read-write", id, target)
+		}
+		return nil
+	}
+	if c.mode == backend.SingleNodeSingleWriter {
+		for i := range mounts {
+			m := &mounts[i]
+			if m.ID != st.ID && sameVolume(m) {
+				return errdefs.Precondition("volume %s is already published at %s; access mode %s allows one", id, m.MountPoint, c.mode)
+			}
+		}
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return fmt.Errorf("create target_path: %w", err)
+	}
+	if err := s.d.data.BindMount(ctx, staging, target, readOnly); err != nil {
+		// Never leave a writable bind where a read-only one was asked for.
+		if uerr := s.d.data.Unmount(ctx, target); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability, devs volumeDevices) error {
+	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
+	rec, err := node.ReadStageRecord(staging)
+	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && rec.VolumeID != id.String()) {
+		return errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
+	}
+	if err != nil {
+		return err
+	}
+	var stagedDev *volumeDevice
+	for i := range devs {
+		if devs[i].Path == rec.Device {
+			stagedDev = &devs[i]
+		}
+	}
+	if stagedDev == nil {
+		return errdefs.Precondition("device %s staged for volume %s is no longer attached; stage the volume again", rec.Device, id)
+	}
+	source := stagedDev.Device
+	if readOnly && !source.ReadOnly {
+		// A read-only bind of a device node does not stop writes to the
+		// device, so a read-only publish gets a read-only device of its own.
+		ro, err := inst.Attacher.Attach(ctx, backend.AttachRequest{
+			ImageID: id.Image, NodeID: s.d.opts.NodeID, PublishContext: req.GetPublishContext(), ReadOnly: true,
+		})
+		if err != nil {
+			return err
+		}
+		source = *ro
+	}
+	srcMajor, srcMinor, err := node.DeviceNumber(source.Path)
+	if err != nil {
+		return err
+	}
+
+	mounts, err := s.d.data.Mounts()
+	if err != nil {
+		return err
+	}
+	if tm := topMount(mounts, target); tm != nil {
+		major, minor, isDev, err := node.BlockDeviceAt(target)
+		if err != nil {
+			return err
+		}
+		if !isDev || devs.byNumber(major, minor) == nil {
+			return errdefs.Precondition("target_path %s already holds another mount (%s %s)", target, tm.FsType, tm.Source)
+		}
+		if major != srcMajor || minor != srcMinor {
+			return errdefs.AlreadyExists("volume %s is published at %s with read-only=%t; asked for read-only=%t", id, target, !readOnly, readOnly)
+		}
+		return nil
+	}
+	if c.mode == backend.SingleNodeSingleWriter {
+		for i := range mounts {
+			if devs.deviceBind(&mounts[i]) != nil {
+				return errdefs.Precondition("volume %s is already published at %s; access mode %s allows one", id, mounts[i].MountPoint, c.mode)
+			}
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return fmt.Errorf("create the directory of target_path: %w", err)
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+	if err != nil {
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, err, "target_path %s cannot be a file for a block volume", target)
+	}
+	f.Close()
+	if err := s.d.data.BindMount(ctx, source.Path, target, readOnly); err != nil {
+		if uerr := s.d.data.Unmount(ctx, target); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		if source.Path != stagedDev.Path {
+			if derr := inst.Attacher.Detach(ctx, id.Image, source.Path); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	target := req.GetTargetPath()
+	if err := validatePath("target_path", target); err != nil {
+		return nil, err
+	}
+	inst, err := s.d.instanceFor(id)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	_, _, wasBlock, _ := node.BlockDeviceAt(target)
+	if err := s.d.data.Unmount(ctx, target); err != nil {
+		return nil, err
+	}
+	if err := node.RemoveMountPoint(target); err != nil {
+		return nil, fmt.Errorf("remove target_path: %w", err)
+	}
+	if wasBlock {
+		if err := s.releaseReadOnlyViews(ctx, inst, id); err != nil {
+			return nil, err
+		}
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// releaseReadOnlyViews detaches the read-only devices publishBlock made
+// for read-only publishes once no publish uses them. The staged device is
+// the writable one and stays.
+func (s *nodeService) releaseReadOnlyViews(ctx context.Context, inst *backend.Instance, id volumeid.ID) error {
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return err
+	}
+	hasWritable := false
+	for _, d := range devs {
+		hasWritable = hasWritable || !d.ReadOnly
+	}
+	if !hasWritable {
+		return nil // the staged device itself is read-only
+	}
+	mounts, err := s.d.data.Mounts()
+	if err != nil {
+		return err
+	}
+	used := map[string]bool{}
+	for i := range mounts {
+		if d := devs.deviceBind(&mounts[i]); d != nil {
+			used[d.Path] = true
+		}
+	}
+	for _, d := range devs {
+		if d.ReadOnly && !used[d.Path] {
+			if err := inst.Attacher.Detach(ctx, id.Image, d.Path); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	path := req.GetVolumePath()
+	if path == "" {
+		return nil, errdefs.InvalidArgument("volume_path is required")
+	}
+	inst, err := s.d.instanceFor(id)
+	if err != nil {
+		return nil, err
+	}
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(devs) == 0 {
+		return nil, errdefs.NotFound("volume %s is not attached on node %s", id, s.d.opts.NodeID)
+	}
+	if !filepath.IsAbs(path) {
+		return nil, errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %s", path, id)
+	}
+	major, minor, isDev, err := node.BlockDeviceAt(path)
+	if os.IsNotExist(err) {
+		return nil, errdefs.NotFound("volume_path %s does not exist", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if isDev {
+		d := devs.byNumber(major, minor)
+		if d == nil {
+			return nil, errdefs.NotFound("volume_path %s is a device, but not one of volume %s", path, id)
+		}
+		size, err := node.DeviceSizeBytes(major, minor)
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
+	}
+	m, err := s.d.data.MountAt(path)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil || devs.filesystemMount(m) == nil {
+		return nil, errdefs.NotFound("volume_path %s is not a mount of volume %s", path, id)
+	}
+	u, err := node.UsageOf(path)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Used: u.UsedBytes, Available: u.AvailableBytes},
+		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Used: u.UsedInodes, Available: u.AvailableInodes},
+	}}, nil
+}

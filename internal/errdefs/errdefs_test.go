@@ -1,0 +1,26 @@
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestKindOfTakesOutermost(t *testing.T) {
+	inner := NotFound("image %q", "a")
+	outer := Wrap(ErrPrecondition, inner, "cannot stage")
+	wrapped := fmt.Errorf("stage: %w", outer)
+
+	if got := KindOf(wrapped); got != ErrPrecondition {
+		t.Fatalf("KindOf = %v, want %v", got, ErrPrecondition)
+	}
+	if !errors.Is(wrapped, ErrNotFound) || !errors.Is(wrapped, ErrPrecondition) {
+		t.Fatal("errors.Is must see both kinds in the chain")
+	}
+	if got, want := wrapped.Error(), `stage: cannot stage: image "a"`; got != want {
+		t.Fatalf("message = %q, want %q", got, want)
+	}
+	if KindOf(errors.New("plain")) != nil {
+		t.Fatal("a plain error has no kind")
+	}
+}

@@ -1,0 +1,90 @@
+// Package node is the node data path: it formats a device at most once,
+// mounts it at the staging path, bind-mounts it into pods, reads the mount
+// table, keeps the stage record and reports usage. It knows nothing about
+// backends or gRPC; internal/driver orchestrates it.
+package node
+
+import (
+	"slices"
+	"sort"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Filesystem describes how Spindle creates and mounts one filesystem type.
+type Filesystem struct {
+	Name string
+	// MinBytes is the smallest device mkfs accepts; CreateVolume rounds up to it.
+	MinBytes int64
+	mkfs     string
+	// mkfsArgs come before the user's mkfsOptions. A fresh sparse image needs
+	// no discard (it is all holes already), and lazy initialisation keeps mkfs
+	// from writing zeros the image already reads as.
+	mkfsArgs []string
+	// mountOptions are always added.
+	mountOptions []string
+}
+
+const mib = 1 << 20
+
+var filesystems = map[string]Filesystem{
+	"ext4": {
+		Name:     "ext4",
+		MinBytes: 1 * mib,
+		mkfs:     "mkfs.ext4",
+		mkfsArgs: []string{"-q", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
+	},
+	"xfs": {
+		Name:     "xfs",
+		MinBytes: 300 * mib, // mkfs.xfs: "Filesystem must be larger than 300MB"
+		mkfs:     "mkfs.xfs",
+		mkfsArgs: []string{"-q", "-K"},
+		// Clones and snapshots share the UUID of their source; without nouuid
+		// the second one refuses to mount on the same node.
+		mountOptions: []string{"nouuid"},
+	},
+	"btrfs": {
+		Name:     "btrfs",
+		MinBytes: 109 * mib, // mkfs.btrfs: "minimum size for each btrfs device is 114294784"
+		mkfs:     "mkfs.btrfs",
+		mkfsArgs: []string{"-q", "-K"},
+	},
+}
+
+// DefaultFsType is used when neither the request nor the image names one.
+const DefaultFsType = "ext4"
+
+// LookupFilesystem returns the filesystem called name or an InvalidArgument
+// error listing the supported ones.
+func LookupFilesystem(name string) (Filesystem, error) {
+	fs, ok := filesystems[name]
+	if !ok {
+		return Filesystem{}, errdefs.InvalidArgument("filesystem %q is not supported; use one of %v", name, SupportedFilesystems())
+	}
+	return fs, nil
+}
+
+// SupportedFilesystems lists the filesystem names, sorted.
+func SupportedFilesystems() []string {
+	names := make([]string, 0, len(filesystems))
+	for n := range filesystems {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// MountOptions returns the options to mount fs with: the filesystem's own,
+// then the caller's flags, then "ro" when readOnly; duplicates dropped.
+func (fs Filesystem) MountOptions(flags []string, readOnly bool) []string {
+	opts := slices.Clone(fs.mountOptions)
+	for _, f := range flags {
+		if !slices.Contains(opts, f) {
+			opts = append(opts, f)
+		}
+	}
+	if readOnly && !slices.Contains(opts, "ro") {
+		opts = append(opts, "ro")
+	}
+	return opts
+}

@@ -1,0 +1,127 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// mkfsTimeout bounds mkfs, which on a large device takes longer than most commands.
+const mkfsTimeout = 10 * time.Minute
+
+// Signature is what blkid found on a device.
+type Signature struct {
+	Type   string // filesystem or other signature type: ext4, xfs, LVM2_member, swap, ...
+	Usage  string // filesystem, raid, crypto, other
+	PTType string // partition table type: dos, gpt
+}
+
+// Blank reports whether nothing was found.
+func (s Signature) Blank() bool { return s.Type == "" && s.PTType == "" }
+
+func (s Signature) String() string {
+	switch {
+	case s.PTType != "":
+		return "a " + s.PTType + " partition table"
+	case s.Usage == "filesystem":
+		return "an " + s.Type + " filesystem"
+	case s.Type != "":
+		return "a " + s.Type + " signature"
+	}
+	return "no signature"
+}
+
+// blkid exit statuses (blkid(8)).
+const (
+	blkidNothingFound = 2
+	blkidAmbivalent   = 8
+)
+
+// Probe asks "blkid -p" (low-level probing, no cache) what dev holds. Exit
+// status 2 is the only answer that means blank; every other failure is an
+// error, never a reason to format.
+func (d *DataPath) Probe(ctx context.Context, dev string) (Signature, error) {
+	out, err := d.run.Run(ctx, "blkid", "-p", "-o", "export", dev)
+	switch code := command.ExitCode(err); {
+	case err == nil:
+	case code == blkidNothingFound:
+		return Signature{}, nil
+	case code == blkidAmbivalent:
+		return Signature{}, errdefs.Wrap(errdefs.ErrPrecondition, err, "%s holds more than one signature; refusing to guess which one is the data", dev)
+	default:
+		return Signature{}, fmt.Errorf("cannot tell what %s holds: %w", dev, err)
+	}
+	var sig Signature
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		key, value, ok := strings.Cut(sc.Text(), "=")
+		if !ok {
+			continue
+		}
+		switch key {
+		case "TYPE":
+			sig.Type = value
+		case "USAGE":
+			sig.Usage = value
+		case "PTTYPE":
+			sig.PTType = value
+		}
+	}
+	if sig.Blank() {
+		// blkid said it found something but named nothing: do not call that blank.
+		return Signature{}, errdefs.Precondition("blkid reports a signature on %s it cannot name: %q", dev, strings.TrimSpace(string(out)))
+	}
+	return sig, nil
+}
+
+// FormatRequest describes a device that should hold a filesystem.
+type FormatRequest struct {
+	Device      string
+	Filesystem  Filesystem
+	MkfsOptions []string // from the StorageClass
+	// AlreadyFormatted is the image store's "formatted" flag: such a device is
+	// never formatted again, even if blkid finds nothing on it.
+	AlreadyFormatted bool
+	// ReadOnly devices cannot be formatted.
+	ReadOnly bool
+}
+
+// EnsureFilesystem makes sure req.Device holds req.Filesystem, creating it
+// only when the device is blank and was never formatted. It reports whether
+// it ran mkfs. A device holding anything else is refused, untouched.
+func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (formatted bool, err error) {
+	fs := req.Filesystem
+	sig, err := d.Probe(ctx, req.Device)
+	if err != nil {
+		return false, err
+	}
+	if !sig.Blank() {
+		if sig.Usage == "filesystem" && sig.Type == fs.Name {
+			return false, nil
+		}
+		return false, errdefs.Precondition("%s holds %s, not %s; refusing to format or mount it as %s (its data is untouched)",
+			req.Device, sig, fs.Name, fs.Name)
+	}
+	if req.AlreadyFormatted {
+		return false, errdefs.Precondition("the volume was formatted before, but blkid finds no filesystem on %s; refusing to format it again (check the image for damage)", req.Device)
+	}
+	if req.ReadOnly {
+		return false, errdefs.Precondition("%s holds no filesystem and is attached read-only, so it cannot be formatted; publish it writable once first", req.Device)
+	}
+	args := append(append(append([]string{}, fs.mkfsArgs...), req.MkfsOptions...), req.Device)
+	// mkfs is not cut short when the caller gives up: a half-written
+	// filesystem would look like a filesystem to the retry. The retry waits
+	// on the volume lock (ABORTED) until this one has finished.
+	mkfsCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mkfsTimeout)
+	defer cancel()
+	if _, err := d.run.Exec(mkfsCtx, command.Cmd{Name: fs.mkfs, Args: args}); err != nil {
+		return false, fmt.Errorf("create %s filesystem on %s: %w", fs.Name, req.Device, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,224 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	mountutils "k8s.io/mount-utils"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// DataPath runs the node's filesystem and mount operations.
+type DataPath struct {
+	run           *command.Runner
+	mountInfoPath string
+}
+
+// New returns a DataPath running its commands through run.
+func New(run *command.Runner) *DataPath {
+	return &DataPath{run: run, mountInfoPath: "/proc/self/mountinfo"}
+}
+
+// Mount is one entry of the mount table, with paths unescaped.
+type Mount struct {
+	ID         int
+	Major      int
+	Minor      int
+	Root       string
+	Source     string
+	MountPoint string
+	FsType     string
+	Options    []string // per-mount options: rw/ro, nosuid, ...
+}
+
+// ReadOnly reports whether the mount is read-only.
+func (m *Mount) ReadOnly() bool {
+	for _, o := range m.Options {
+		if o == "ro" {
+			return true
+		}
+	}
+	return false
+}
+
+// Mounts reads the mount table.
+func (d *DataPath) Mounts() ([]Mount, error) {
+	infos, err := mountutils.ParseMountInfo(d.mountInfoPath)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.mountInfoPath, err)
+	}
+	out := make([]Mount, 0, len(infos))
+	for _, mi := range infos {
+		out = append(out, Mount{
+			ID: mi.ID, Major: mi.Major, Minor: mi.Minor,
+			Root: unescapeOctal(mi.Root), Source: unescapeOctal(mi.Source),
+			MountPoint: unescapeOctal(mi.MountPoint), FsType: mi.FsType, Options: mi.MountOptions,
+		})
+	}
+	return out, nil
+}
+
+// unescapeOctal undoes the kernel's \040-style escaping of spaces, tabs,
+// newlines and backslashes in mountinfo paths.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Resolve returns the path as the mount table shows it: symlinks resolved.
+// A path that cannot be resolved (missing, or a dead mount) is only cleaned.
+func Resolve(path string) string {
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		return r
+	}
+	if r, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		return filepath.Join(r, filepath.Base(path))
+	}
+	return filepath.Clean(path)
+}
+
+// MountAt returns the top-most mount at path, or nil when path is not a
+// mount point.
+func (d *DataPath) MountAt(path string) (*Mount, error) {
+	mounts, err := d.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	return topMountAt(mounts, Resolve(path)), nil
+}
+
+func topMountAt(mounts []Mount, path string) *Mount {
+	var top *Mount
+	for i := range mounts {
+		if mounts[i].MountPoint == path {
+			top = &mounts[i] // later entries are mounted on top of earlier ones
+		}
+	}
+	return top
+}
+
+// DeviceNumber returns the device number (st_rdev) of a device node.
+func DeviceNumber(dev string) (major, minor uint32, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return 0, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return 0, 0, errdefs.InvalidArgument("%s is not a block device", dev)
+	}
+	return unix.Major(st.Rdev), unix.Minor(st.Rdev), nil
+}
+
+// IsMountOf reports whether m is a filesystem mounted from dev. The device
+// number identifies ext4 and xfs; btrfs mounts carry an anonymous device
+// number, so the source path is compared too.
+func (m *Mount) IsMountOf(dev string, major, minor uint32) bool {
+	if m.Major == int(major) && m.Minor == int(minor) {
+		return true
+	}
+	return m.Source == dev
+}
+
+// CheckHealthy stats path and reports a dead mount (ENOTCONN, ESTALE, EIO)
+// as corrupted=true; other stat errors are returned.
+func CheckHealthy(path string) (corrupted bool, err error) {
+	_, err = os.Stat(path)
+	if err == nil {
+		return false, nil
+	}
+	if mountutils.IsCorruptedMnt(err) {
+		return true, nil
+	}
+	return false, err
+}
+
+// MountDevice mounts dev on target as fsType with options.
+func (d *DataPath) MountDevice(ctx context.Context, dev, target, fsType string, options []string) error {
+	args := []string{"-t", fsType}
+	if len(options) > 0 {
+		args = append(args, "-o", strings.Join(options, ","))
+	}
+	args = append(args, dev, target)
+	if _, err := d.run.Run(ctx, "mount", args...); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", dev, target, err)
+	}
+	return nil
+}
+
+// BindMount makes source visible at target; readOnly remounts the bind
+// read-only, which the kernel only allows as a second step.
+func (d *DataPath) BindMount(ctx context.Context, source, target string, readOnly bool) error {
+	if _, err := d.run.Run(ctx, "mount", "--bind", source, target); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", source, target, err)
+	}
+	if readOnly {
+		return d.RemountReadOnly(ctx, target)
+	}
+	return nil
+}
+
+// RemountReadOnly makes an existing bind mount read-only.
+func (d *DataPath) RemountReadOnly(ctx context.Context, target string) error {
+	if _, err := d.run.Run(ctx, "mount", "-o", "remount,bind,ro", target); err != nil {
+		return fmt.Errorf("make %s read-only: %w", target, err)
+	}
+	return nil
+}
+
+// maxStackedMounts bounds the unmount loop; more mounts than this stacked
+// on one path means something else is mounting there.
+const maxStackedMounts = 8
+
+// Unmount removes every mount stacked at target. A path that is not
+// mounted, or does not exist, is fine.
+func (d *DataPath) Unmount(ctx context.Context, target string) error {
+	for i := 0; i < maxStackedMounts; i++ {
+		m, err := d.MountAt(target)
+		if err != nil {
+			return err
+		}
+		if m == nil {
+			return nil
+		}
+		if _, err := d.run.Run(ctx, "umount", m.MountPoint); err != nil {
+			if strings.Contains(command.Stderr(err), "not mounted") {
+				continue
+			}
+			if strings.Contains(command.Stderr(err), "target is busy") {
+				return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s is still in use", target)
+			}
+			return err
+		}
+	}
+	return fmt.Errorf("%s is still mounted after %d unmounts", target, maxStackedMounts)
+}
+
+// RemoveMountPoint removes a target directory or file once nothing is mounted on it.
+func RemoveMountPoint(path string) error {
+	err := os.Remove(path)
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}

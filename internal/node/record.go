@@ -1,0 +1,73 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/atomicfile"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// StageRecord is written beside the staging path when a volume is staged, so
+// that NodeUnstageVolume knows what to undo after a plugin restart or a node
+// reboot, when the mount (and perhaps the device) is gone.
+type StageRecord struct {
+	Version    int       `json:"version"`
+	VolumeID   string    `json:"volumeID"`
+	Device     string    `json:"device"`
+	AccessType string    `json:"accessType"` // mount or block
+	FsType     string    `json:"fsType,omitempty"`
+	ReadOnly   bool      `json:"readOnly"`
+	StagedAt   time.Time `json:"stagedAt"`
+}
+
+const (
+	stageRecordVersion = 1
+	stageRecordSuffix  = ".spindle-stage.json"
+)
+
+// StageRecordPath is where the record of a staging path lives: next to it,
+// not inside it, so the mount does not hide it. Kubelet's block staging
+// directories share one parent, so the name carries the staging path's own.
+func StageRecordPath(stagingPath string) string {
+	clean := filepath.Clean(stagingPath)
+	return filepath.Join(filepath.Dir(clean), filepath.Base(clean)+stageRecordSuffix)
+}
+
+// WriteStageRecord stores rec for stagingPath, atomically.
+func WriteStageRecord(stagingPath string, rec StageRecord) error {
+	rec.Version = stageRecordVersion
+	if rec.StagedAt.IsZero() {
+		rec.StagedAt = time.Now().UTC().Truncate(time.Second)
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(StageRecordPath(stagingPath), append(data, '\n'), 0o600)
+}
+
+// ReadStageRecord returns the record of stagingPath, or ErrNotFound.
+func ReadStageRecord(stagingPath string) (*StageRecord, error) {
+	path := StageRecordPath(stagingPath)
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, errdefs.NotFound("no stage record at %s", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec StageRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("stage record %s is corrupt: %w", path, err)
+	}
+	return &rec, nil
+}
+
+// RemoveStageRecord deletes the record of stagingPath; a missing one is fine.
+func RemoveStageRecord(stagingPath string) error {
+	return atomicfile.Remove(StageRecordPath(stagingPath))
+}

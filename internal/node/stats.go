@@ -1,0 +1,62 @@
+package node
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// FilesystemUsage is what a mounted filesystem reports.
+type FilesystemUsage struct {
+	TotalBytes, UsedBytes, AvailableBytes    int64
+	TotalInodes, UsedInodes, AvailableInodes int64
+}
+
+// UsageOf returns the usage of the filesystem mounted at path.
+func UsageOf(path string) (FilesystemUsage, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return FilesystemUsage{}, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	bs := int64(st.Bsize)
+	return FilesystemUsage{
+		TotalBytes:      int64(st.Blocks) * bs,
+		UsedBytes:       int64(st.Blocks-st.Bfree) * bs,
+		AvailableBytes:  int64(st.Bavail) * bs,
+		TotalInodes:     int64(st.Files),
+		UsedInodes:      int64(st.Files - st.Ffree),
+		AvailableInodes: int64(st.Ffree),
+	}, nil
+}
+
+// BlockDeviceAt returns the device number of the block device node at path
+// (a device file, or a file a device node is bind-mounted on), or ok=false
+// when path is something else.
+func BlockDeviceAt(path string) (major, minor uint32, ok bool, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, 0, false, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return 0, 0, false, nil
+	}
+	return unix.Major(st.Rdev), unix.Minor(st.Rdev), true, nil
+}
+
+// DeviceSizeBytes reads a block device's size from sysfs, without opening it.
+func DeviceSizeBytes(major, minor uint32) (int64, error) {
+	p := filepath.Join("/sys/dev/block", fmt.Sprintf("%d:%d", major, minor), "size")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return 0, err
+	}
+	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", p, err)
+	}
+	return sectors * 512, nil // sysfs counts 512-byte sectors whatever the block size
+}
