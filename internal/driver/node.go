@@ -201,26 +201,20 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err := node.WriteStageRecord(staging, rec); err != nil {
 		return nil, fmt.Errorf("write stage record: %w", err)
 	}
-	formatted, err := s.d.data.EnsureFilesystem(ctx, node.FormatRequest{
+	formatted, err := s.d.data.StageFilesystem(ctx, node.FormatRequest{
 		Device:           dev.Path,
 		Filesystem:       fs,
 		MkfsOptions:      mkfsOptions,
 		AlreadyFormatted: dev.Formatted,
 		ReadOnly:         dev.ReadOnly,
+	}, staging, fs.MountOptions(c.mountFlags, dev.ReadOnly), func(ctx context.Context) error {
+		return inst.Attacher.RecordFormatted(ctx, id.Image, fs.Name)
 	})
-	if err != nil {
-		return nil, fmt.Errorf("volume %s: %w", id, err)
-	}
 	if formatted {
 		s.d.log.Info("formatted volume", zap.String("volumeID", id.String()), zap.String("device", dev.Path), zap.String("fsType", fs.Name))
 	}
-	if formatted || !dev.Formatted {
-		if err := inst.Attacher.RecordFormatted(ctx, id.Image, fs.Name); err != nil {
-			return nil, fmt.Errorf("record that volume %s holds %s: %w", id, fs.Name, err)
-		}
-	}
-	if err := s.d.data.MountDevice(ctx, dev.Path, staging, fs.Name, fs.MountOptions(c.mountFlags, dev.ReadOnly)); err != nil {
-		return nil, err
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w", id, err)
 	}
 	staged = true
 	return &csi.NodeStageVolumeResponse{}, nil

@@ -125,3 +125,25 @@ func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (for
 	}
 	return true, nil
 }
+
+// StageFilesystem brings a device to its staged state: the filesystem made
+// if (and only if) the device is blank and was never formatted, then mounted
+// at target. recordFormatted runs between mkfs and mount whenever the image
+// store does not yet know the device holds the filesystem, so a crash after
+// mkfs never leaves a filesystem the store calls blank. The commands run in
+// exactly this order: blkid, [mkfs], mount.
+func (d *DataPath) StageFilesystem(ctx context.Context, req FormatRequest, target string, mountOptions []string, recordFormatted func(context.Context) error) (formatted bool, err error) {
+	formatted, err = d.EnsureFilesystem(ctx, req)
+	if err != nil {
+		return false, err
+	}
+	if formatted || !req.AlreadyFormatted {
+		if err := recordFormatted(ctx); err != nil {
+			return formatted, fmt.Errorf("record that %s holds %s: %w", req.Device, req.Filesystem.Name, err)
+		}
+	}
+	if err := d.MountDevice(ctx, req.Device, target, req.Filesystem.Name, mountOptions); err != nil {
+		return formatted, err
+	}
+	return formatted, nil
+}
