@@ -13,6 +13,7 @@ package loop
 import (
 	"context"
 	"strconv"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
@@ -164,7 +165,9 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 		return nil, err
 	}
 	for _, d := range devs {
-		if d.ReadOnly == readOnly {
+		// A device with autoclear armed goes away at its last close, and
+		// loopN may then be bound to another image: never hand it out again.
+		if d.ReadOnly == readOnly && !d.AutoClear {
 			return a.device(img, d), nil
 		}
 	}
@@ -221,7 +224,8 @@ func (a *Attacher) devicesOf(ctx context.Context, path string, deleted bool) ([]
 }
 
 // Detach implements backend.Attacher. Only devices whose backing file is the
-// image (or an unlinked file of the image's name) are ever detached.
+// image (or an unlinked file of the image's name) are ever detached, and a
+// device is reported released only once the kernel has unbound it.
 func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error {
 	devs, err := a.devicesOf(ctx, a.store.ImagePath(imageID), true)
 	if err != nil {
@@ -241,8 +245,47 @@ func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error
 		if err := a.loops.Detach(ctx, d.Path); err != nil {
 			return err
 		}
+		if err := a.awaitRelease(ctx, imageID, d); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// Bounds of awaitRelease: long enough for a udev probe that opened the
+// device for a moment, short enough to answer an RPC.
+const (
+	releaseWait = time.Second
+	releasePoll = 20 * time.Millisecond
+)
+
+// awaitRelease checks that a detached device really is unbound. The kernel
+// defers the detach of a device that somebody holds open (InUse only sees
+// exclusive holders) and losetup still succeeds; reporting success then
+// would let the volume move to another node while this one can still write
+// it. A hold that outlasts releaseWait is a precondition failure, so the
+// caller retries; the device is released at the holder's last close.
+func (a *Attacher) awaitRelease(ctx context.Context, imageID string, d LoopDevice) error {
+	deadline := time.Now().Add(releaseWait)
+	for {
+		cur, err := a.lookup(ctx, d.Path)
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.BackingFile != d.BackingFile {
+			return nil // released, and already bound again to something else
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return errdefs.Precondition("loop device %s of volume %s is still held open by a process; it will be released when that process closes it", d.Path, imageID)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(releasePoll):
+		}
+	}
 }
 
 // Devices implements backend.Attacher.

@@ -20,6 +20,10 @@ type LoopDevice struct {
 	BackingFile string // resolved path of the backing file
 	Deleted     bool   // the backing file was unlinked after binding
 	ReadOnly    bool
+	// AutoClear: the kernel releases the device at its last close. Spindle
+	// never asks for it at attach time, so on one of our devices it means a
+	// detach was deferred because somebody still holds the device open.
+	AutoClear bool
 }
 
 // loopDevices is what the attacher needs from the kernel's loop driver. The
@@ -100,6 +104,9 @@ func (l *losetup) List(context.Context) ([]LoopDevice, error) {
 		if ro, err := os.ReadFile(filepath.Join(dir, "ro")); err == nil {
 			d.ReadOnly = strings.TrimSpace(string(ro)) == "1"
 		}
+		if ac, err := os.ReadFile(filepath.Join(dir, "loop", "autoclear")); err == nil {
+			d.AutoClear = strings.TrimSpace(string(ac)) == "1"
+		}
 		out = append(out, d)
 	}
 	return out, nil
@@ -108,7 +115,8 @@ func (l *losetup) List(context.Context) ([]LoopDevice, error) {
 // InUse opens the device exclusively: the kernel refuses that while a
 // filesystem is mounted on it (or a device mapper holds it). A plain
 // "losetup -d" would not tell us: on a busy device it only arms autoclear and
-// succeeds.
+// succeeds. A process holding the device open without O_EXCL is not seen
+// here; Attacher.Detach catches that case after the detach (see awaitRelease).
 func (l *losetup) InUse(dev string) (bool, error) {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
 	if err == nil {

@@ -20,13 +20,17 @@ type FakeLoopDevices struct {
 	next    int
 	// Calls records "attach <file> ro=<bool>" and "detach <dev>".
 	Calls []string
+	// Open are devices a process holds open without O_EXCL: InUse does not
+	// see them and Detach only arms autoclear, as the kernel does. Close
+	// ends the hold.
+	Open map[string]bool
 }
 
 var _ loopDevices = (*FakeLoopDevices)(nil)
 
 // NewFakeLoopDevices returns an empty fake.
 func NewFakeLoopDevices() *FakeLoopDevices {
-	return &FakeLoopDevices{Devices: map[string]*LoopDevice{}, Busy: map[string]bool{}}
+	return &FakeLoopDevices{Devices: map[string]*LoopDevice{}, Busy: map[string]bool{}, Open: map[string]bool{}}
 }
 
 func (f *FakeLoopDevices) Attach(_ context.Context, file string, readOnly bool) (string, error) {
@@ -46,8 +50,23 @@ func (f *FakeLoopDevices) Detach(_ context.Context, dev string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls = append(f.Calls, "detach "+dev)
+	if d, ok := f.Devices[dev]; ok && f.Open[dev] {
+		d.AutoClear = true
+		return nil
+	}
 	delete(f.Devices, dev)
 	return nil
+}
+
+// Close ends a non-exclusive hold on dev (see Open); a device whose detach
+// was deferred is released then, as the kernel does at the last close.
+func (f *FakeLoopDevices) Close(dev string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.Open, dev)
+	if d, ok := f.Devices[dev]; ok && d.AutoClear {
+		delete(f.Devices, dev)
+	}
 }
 
 func (f *FakeLoopDevices) List(context.Context) ([]LoopDevice, error) {

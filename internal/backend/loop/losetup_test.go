@@ -1,0 +1,153 @@
+package loop
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/command/commandtest"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+func scripted(t *testing.T, steps ...*commandtest.Step) *losetup {
+	return newLosetup(command.New(commandtest.New(t, steps...), nil))
+}
+
+func TestLosetupAttach(t *testing.T) {
+	tests := []struct {
+		name     string
+		readOnly bool
+		step     *commandtest.Step
+		want     string
+		kind     error // with wantErr
+		wantErr  string
+	}{
+		{
+			name: "read-write",
+			step: commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Prints("/dev/loop3\n"),
+			want: "/dev/loop3",
+		},
+		{
+			name:     "read-only",
+			readOnly: true,
+			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--read-only", "/pool/a.img").Prints("/dev/loop7\n"),
+			want:     "/dev/loop7",
+		},
+		{
+			name:    "no free device",
+			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Exits(1, "losetup: cannot find an unused loop device: could not find any free loop device"),
+			kind:    errdefs.ErrExhausted,
+			wantErr: "no free loop device",
+		},
+		{
+			name:    "other failure keeps stderr",
+			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Exits(1, "losetup: /pool/a.img: failed to set up loop device: Permission denied"),
+			wantErr: "Permission denied",
+		},
+		{
+			// Never hand on something that is not a loop device path.
+			name:    "unexpected output",
+			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Prints("/dev/sda\n"),
+			wantErr: "not a loop device",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := scripted(t, tt.step)
+			dev, err := l.Attach(t.Context(), "/pool/a.img", tt.readOnly)
+			if tt.wantErr == "" {
+				if err != nil || dev != tt.want {
+					t.Fatalf("Attach = %q, %v; want %q", dev, err, tt.want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Attach = %q, %v; want an error naming %q", dev, err, tt.wantErr)
+			}
+			if errdefs.KindOf(err) != tt.kind {
+				t.Fatalf("error kind = %v, want %v", errdefs.KindOf(err), tt.kind)
+			}
+		})
+	}
+}
+
+func TestLosetupDetach(t *testing.T) {
+	t.Run("detaches", func(t *testing.T) {
+		l := scripted(t, commandtest.Expect("losetup", "--detach", "/dev/loop3"))
+		if err := l.Detach(t.Context(), "/dev/loop3"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("already gone", func(t *testing.T) {
+		l := scripted(t, commandtest.Expect("losetup", "--detach", "/dev/loop3").Exits(1, "losetup: /dev/loop3: detach failed: No such device or address"))
+		if err := l.Detach(t.Context(), "/dev/loop3"); err != nil {
+			t.Fatalf("Detach of a device that is gone: %v", err)
+		}
+	})
+	t.Run("other failure", func(t *testing.T) {
+		l := scripted(t, commandtest.Expect("losetup", "--detach", "/dev/loop3").Exits(1, "losetup: /dev/loop3: detach failed: Permission denied"))
+		if err := l.Detach(t.Context(), "/dev/loop3"); err == nil || !strings.Contains(err.Error(), "Permission denied") {
+			t.Fatalf("Detach = %v, want the failure with its stderr", err)
+		}
+	})
+}
+
+// TestLosetupList reads a sysfs tree laid out like the kernel's.
+func TestLosetupList(t *testing.T) {
+	sys := t.TempDir()
+	write := func(rel, content string) {
+		p := filepath.Join(sys, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("block/loop0/loop/backing_file", "/pool/a.img\n")
+	write("block/loop0/ro", "0\n")
+	write("block/loop1/loop/backing_file", "/pool/with space.img (deleted)\n")
+	write("block/loop1/ro", "1\n")
+	write("block/loop1/loop/autoclear", "1\n")
+	write("block/loop2/ro", "0\n") // not bound: no loop/ directory
+	write("block/sda/ro", "0\n")   // not a loop device
+
+	l := &losetup{sysRoot: sys, devRoot: "/dev"}
+	got, err := l.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LoopDevice{
+		{Path: "/dev/loop0", BackingFile: "/pool/a.img"},
+		{Path: "/dev/loop1", BackingFile: "/pool/with space.img", Deleted: true, ReadOnly: true, AutoClear: true},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("List = %+v\nwant   %+v", got, want)
+	}
+}
+
+func TestLosetupAvailable(t *testing.T) {
+	dev := t.TempDir()
+	l := &losetup{devRoot: dev}
+	err := l.Available()
+	if errdefs.KindOf(err) != errdefs.ErrUnavailable || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Available without loop-control = %v, want unavailable", err)
+	}
+	if err := os.WriteFile(filepath.Join(dev, "loop-control"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Available(); err != nil {
+		t.Fatalf("Available with loop-control: %v", err)
+	}
+}
+
+func TestLosetupInUseOfMissingDevice(t *testing.T) {
+	busy, err := newLosetup(nil).InUse(filepath.Join(t.TempDir(), "loop99"))
+	if err != nil || busy {
+		t.Fatalf("InUse of a device that does not exist = %t, %v; want free", busy, err)
+	}
+}
