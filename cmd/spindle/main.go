@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -22,12 +23,14 @@ import (
 var version = "v0.0.0-dev"
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run is main without the exit, so tests can drive it.
-func run(args []string) int {
+// run is main without the exit, so tests can drive it and read what it
+// prints. The logger still writes to the process's stderr.
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("spindle", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var opts config.Options
 	opts.AddFlags(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -38,20 +41,20 @@ func run(args []string) int {
 		return 2 // the flag package already printed what is wrong and the usage
 	}
 	if *showVersion {
-		fmt.Println(version)
+		fmt.Fprintln(stdout, version)
 		return 0
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "spindle: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "spindle: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	if err := opts.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "spindle: invalid options:\n%v\n", err)
+		fmt.Fprintf(stderr, "spindle: invalid options:\n%v\n", err)
 		return 2
 	}
 	log, err := logging.New(opts.LogFormat, opts.LogLevel)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "spindle: %v\n", err)
+		fmt.Fprintf(stderr, "spindle: %v\n", err)
 		return 2
 	}
 	defer func() { _ = log.Sync() }()

@@ -79,9 +79,12 @@ func (f *File) Validate() error {
 		case loop.Type:
 			if b.Loop == nil {
 				errs = append(errs, fmt.Errorf("%s: type loop needs a loop section", where))
-			} else if !filepath.IsAbs(b.Loop.PoolDir) {
+				break
+			}
+			if !filepath.IsAbs(b.Loop.PoolDir) {
 				errs = append(errs, fmt.Errorf("%s.loop.poolDir %q: must be an absolute path", where, b.Loop.PoolDir))
-			} else if b.Loop.MaxProvisionedBytes < 0 {
+			}
+			if b.Loop.MaxProvisionedBytes < 0 {
 				errs = append(errs, fmt.Errorf("%s.loop.maxProvisionedBytes: must not be negative", where))
 			}
 		default:

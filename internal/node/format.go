@@ -44,14 +44,19 @@ const (
 )
 
 // Probe asks "blkid -p" (low-level probing, no cache) what dev holds. Exit
-// status 2 is the only answer that means blank; every other failure is an
-// error, never a reason to format.
+// status 2 with nothing on stderr is the only answer that means blank; every
+// other failure is an error, never a reason to format.
 func (d *DataPath) Probe(ctx context.Context, dev string) (Signature, error) {
 	out, err := d.run.Run(ctx, "blkid", "-p", "-o", "export", dev)
 	switch code := command.ExitCode(err); {
 	case err == nil:
-	case code == blkidNothingFound:
+	case code == blkidNothingFound && command.Stderr(err) == "":
 		return Signature{}, nil
+	case code == blkidNothingFound:
+		// blkid also exits 2 when it cannot open the device ("blkid:
+		// error: /dev/x: Permission denied"); an exit 2 with a complaint
+		// is not proof that the device was read and holds nothing.
+		return Signature{}, fmt.Errorf("cannot tell what %s holds: %w", dev, err)
 	case code == blkidAmbivalent:
 		return Signature{}, errdefs.Wrap(errdefs.ErrPrecondition, err, "%s holds more than one signature; refusing to guess which one is the data", dev)
 	default:

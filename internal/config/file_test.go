@@ -1,0 +1,198 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spindle-csi/spindle/internal/backend/loop"
+)
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLoadFileValid(t *testing.T) {
+	path := writeConfig(t, `
+defaultBackend: loop/fast
+backends:
+  - type: loop
+    name: default
+    loop:
+      poolDir: /var/lib/spindle/pools/default
+  - type: loop
+    name: fast
+    loop:
+      poolDir: /mnt/nvme/spindle
+      maxProvisionedBytes: 107374182400
+`)
+	f, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Backends) != 2 {
+		t.Fatalf("backends = %+v", f.Backends)
+	}
+	b := f.Backends[1]
+	if b.Key() != "loop/fast" || b.Loop == nil || *b.Loop != (loop.Config{PoolDir: "/mnt/nvme/spindle", MaxProvisionedBytes: 100 << 30}) {
+		t.Errorf("backends[1] = %+v (loop %+v)", b, b.Loop)
+	}
+	if got := f.Default(); got != "loop/fast" {
+		t.Errorf("Default() = %q, want loop/fast", got)
+	}
+}
+
+func TestDefaultIsFirstBackendWithoutDefaultBackend(t *testing.T) {
+	f, err := LoadFile(writeConfig(t, `
+backends:
+  - {type: loop, name: second, loop: {poolDir: /p2}}
+  - {type: loop, name: first, loop: {poolDir: /p1}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Default(); got != "loop/second" {
+		t.Errorf("Default() = %q, want the first listed backend loop/second", got)
+	}
+}
+
+func TestLoadFileRejects(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		want    []string
+	}{
+		{
+			name:    "unknown top-level key (typo)",
+			content: "defaultBackand: loop/default\nbackends:\n  - {type: loop, name: default, loop: {poolDir: /p}}\n",
+			want:    []string{"defaultBackand"},
+		},
+		{
+			name:    "unknown key in a loop section",
+			content: "backends:\n  - {type: loop, name: default, loop: {poolDir: /p, maxBytes: 10}}\n",
+			want:    []string{"maxBytes"},
+		},
+		{
+			name:    "duplicate key",
+			content: "backends:\n  - type: loop\n    name: a\n    name: b\n    loop: {poolDir: /p}\n",
+			want:    []string{"name"},
+		},
+		{
+			name:    "duplicate backend",
+			content: "backends:\n  - {type: loop, name: default, loop: {poolDir: /p}}\n  - {type: loop, name: default, loop: {poolDir: /q}}\n",
+			want:    []string{"backends[1]", "loop/default is configured twice"},
+		},
+		{
+			name:    "missing loop section",
+			content: "backends:\n  - {type: loop, name: default}\n",
+			want:    []string{"backends[0]", "needs a loop section"},
+		},
+		{
+			name:    "relative pool dir",
+			content: "backends:\n  - {type: loop, name: default, loop: {poolDir: pools/default}}\n",
+			want:    []string{"backends[0].loop.poolDir", "pools/default", "absolute"},
+		},
+		{
+			name:    "empty pool dir",
+			content: "backends:\n  - {type: loop, name: default, loop: {}}\n",
+			want:    []string{"backends[0].loop.poolDir", "absolute"},
+		},
+		{
+			name:    "negative capacity",
+			content: "backends:\n  - {type: loop, name: default, loop: {poolDir: /p, maxProvisionedBytes: -1}}\n",
+			want:    []string{"backends[0].loop.maxProvisionedBytes", "negative"},
+		},
+		{
+			name:    "default backend not configured",
+			content: "defaultBackend: loop/nope\nbackends:\n  - {type: loop, name: default, loop: {poolDir: /p}}\n",
+			want:    []string{`defaultBackend "loop/nope"`, "not one of the configured backends"},
+		},
+		{
+			name:    "default backend names only the instance",
+			content: "defaultBackend: default\nbackends:\n  - {type: loop, name: default, loop: {poolDir: /p}}\n",
+			want:    []string{`defaultBackend "default"`},
+		},
+		{
+			name:    "unknown backend type",
+			content: "backends:\n  - {type: nfs, name: default}\n",
+			want:    []string{`backends[0].type "nfs"`, "unknown backend type"},
+		},
+		{
+			name:    "bad instance name",
+			content: "backends:\n  - {type: loop, name: Default_1, loop: {poolDir: /p}}\n",
+			want:    []string{"backends[0].name", "Default_1"},
+		},
+		{
+			name:    "no backends",
+			content: "backends: []\n",
+			want:    []string{"no backends configured"},
+		},
+		{
+			name:    "empty file",
+			content: "",
+			want:    []string{"no backends configured"},
+		},
+		{
+			name:    "not YAML",
+			content: "backends: [\n",
+			want:    []string{"config "},
+		},
+		{
+			// Each problem is listed, also two in the same backend.
+			name: "every problem reported",
+			content: "defaultBackend: loop/x\nbackends:\n  - {type: loop, name: a, loop: {poolDir: rel, maxProvisionedBytes: -5}}\n" +
+				"  - {type: loop, name: B}\n  - {type: ceph, name: c}\n",
+			want: []string{"backends[0].loop.poolDir", "backends[0].loop.maxProvisionedBytes", "backends[1].name", "backends[1]: type loop needs a loop section",
+				`backends[2].type "ceph"`, `defaultBackend "loop/x"`},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.content)
+			f, err := LoadFile(path)
+			if err == nil {
+				t.Fatalf("LoadFile accepted it: %+v", f)
+			}
+			if !strings.Contains(err.Error(), path) {
+				t.Errorf("error %q does not name the file", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadFileMissing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "absent.yaml")
+	_, err := LoadFile(path)
+	if err == nil || !strings.Contains(err.Error(), "read config") || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("LoadFile(missing) = %v, want a read error", err)
+	}
+}
+
+func TestDefaultFile(t *testing.T) {
+	f := DefaultFile("/var/lib/spindle/pools/default")
+	if err := f.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Default(); got != "loop/default" {
+		t.Errorf("Default() = %q, want loop/default", got)
+	}
+	if len(f.Backends) != 1 || f.Backends[0].Loop == nil || f.Backends[0].Loop.PoolDir != "/var/lib/spindle/pools/default" {
+		t.Errorf("DefaultFile = %+v", f.Backends)
+	}
+	// DefaultFile does not validate; Validate does.
+	if err := DefaultFile("relative").Validate(); err == nil || !strings.Contains(err.Error(), "absolute") {
+		t.Errorf("DefaultFile(relative).Validate() = %v, want an absolute-path error", err)
+	}
+}

@@ -1,0 +1,76 @@
+package node
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+func TestLookupFilesystem(t *testing.T) {
+	for _, name := range []string{"ext4", "xfs", "btrfs"} {
+		fs, err := LookupFilesystem(name)
+		if err != nil {
+			t.Fatalf("LookupFilesystem(%q): %v", name, err)
+		}
+		if fs.Name != name || fs.mkfs != "mkfs."+name || fs.MinBytes <= 0 {
+			t.Errorf("LookupFilesystem(%q) = %+v", name, fs)
+		}
+	}
+	if _, err := LookupFilesystem(DefaultFsType); err != nil {
+		t.Errorf("the default filesystem %q is not supported: %v", DefaultFsType, err)
+	}
+
+	for _, name := range []string{"ntfs", "", "ext4 ", "vfat"} {
+		_, err := LookupFilesystem(name)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("LookupFilesystem(%q) = %v, want an invalid argument", name, err)
+			continue
+		}
+		// The caller must learn what to use instead.
+		for _, supported := range []string{"btrfs", "ext4", "xfs"} {
+			if !strings.Contains(err.Error(), supported) {
+				t.Errorf("error %q does not list %q", err, supported)
+			}
+		}
+	}
+}
+
+func TestSupportedFilesystemsSorted(t *testing.T) {
+	if got, want := SupportedFilesystems(), []string{"btrfs", "ext4", "xfs"}; !slices.Equal(got, want) {
+		t.Errorf("SupportedFilesystems() = %q, want %q", got, want)
+	}
+}
+
+func TestMountOptions(t *testing.T) {
+	tests := []struct {
+		fs       string
+		flags    []string
+		readOnly bool
+		want     []string
+	}{
+		{"xfs", nil, false, []string{"nouuid"}},
+		{"xfs", nil, true, []string{"nouuid", "ro"}},
+		{"xfs", []string{"noatime", "nouuid"}, false, []string{"nouuid", "noatime"}},
+		{"xfs", []string{"ro", "noatime"}, true, []string{"nouuid", "ro", "noatime"}},
+		{"ext4", nil, false, nil},
+		{"ext4", []string{"noatime", "noatime", "discard"}, false, []string{"noatime", "discard"}},
+		{"ext4", nil, true, []string{"ro"}},
+		{"btrfs", []string{"compress=zstd"}, true, []string{"compress=zstd", "ro"}},
+	}
+	for _, tc := range tests {
+		got := mustFS(t, tc.fs).MountOptions(tc.flags, tc.readOnly)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s.MountOptions(%q, %v) = %q, want %q", tc.fs, tc.flags, tc.readOnly, got, tc.want)
+		}
+	}
+	// MountOptions must not write into the table's own slice: a later call
+	// for another volume would inherit this one's flags.
+	xfs := mustFS(t, "xfs")
+	_ = xfs.MountOptions([]string{"noatime", "largeio"}, true)
+	if got := mustFS(t, "xfs").MountOptions(nil, false); !slices.Equal(got, []string{"nouuid"}) {
+		t.Errorf("after another call, xfs.MountOptions(nil, false) = %q, want [nouuid]", got)
+	}
+}
