@@ -257,10 +257,12 @@ func (s *controllerService) ValidateVolumeCapabilities(ctx context.Context, req 
 		field := "volume_capabilities[" + strconv.Itoa(i) + "]"
 		c, err := parseCapability(field, vc)
 		if err == nil {
-			err = inst.Exporter.SupportsAccess(c.accessType, c.mode)
-		}
-		if err == nil {
-			err = checkCapabilityFits(img, c)
+			if err = inst.Exporter.SupportsAccess(c.accessType, c.mode); err == nil {
+				err = checkCapabilityFits(img, c)
+			}
+			if err != nil {
+				err = errdefs.Wrap(errdefs.ErrInvalidArgument, err, "%s", field)
+			}
 		}
 		if err != nil {
 			// Unsupported is an answer, not an error: no confirmation, and why.

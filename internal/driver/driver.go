@@ -74,6 +74,13 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		}
 		instances[inst.Key()] = inst
 	}
+	return newDriver(opts, version, instances, file.Default(), node.New(run), log), nil
+}
+
+// newDriver assembles a driver from backend instances and a node data path
+// that are already built (New's last step; tests call it with instances on
+// fake loop devices and a scripted command runner).
+func newDriver(opts config.Options, version string, instances map[string]*backend.Instance, defaultInstance string, data *node.DataPath, log *zap.Logger) *Driver {
 	if version == "" {
 		version = "unknown"
 	}
@@ -81,11 +88,11 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		opts:            opts,
 		version:         version,
 		instances:       instances,
-		defaultInstance: file.Default(),
-		data:            node.New(run),
+		defaultInstance: defaultInstance,
+		data:            data,
 		locks:           newOperationLocks(),
 		log:             log,
-	}, nil
+	}
 }
 
 // instanceFor returns the backend instance serving id.

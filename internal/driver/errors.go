@@ -40,12 +40,13 @@ func codeOf(err error) codes.Code {
 }
 
 // toStatus turns a handler's error into a gRPC status error. Errors that are
-// already statuses pass through.
+// already statuses (or wrap one) pass through, unless a Spindle kind wraps
+// the status: the outermost kind wins, as everywhere else.
 func toStatus(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
+	if _, ok := status.FromError(err); ok && errdefs.KindOf(err) == nil {
 		return err
 	}
 	return status.Error(codeOf(err), err.Error())

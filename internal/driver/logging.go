@@ -35,13 +35,13 @@ func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServe
 			d.log.Error("panic in RPC handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			resp, err = nil, status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, r)
 		}
-		d.logRPC(info.FullMethod, req, time.Since(start), err)
+		d.logRPC(info.FullMethod, req, resp, time.Since(start), err)
 	}()
 	resp, err = handler(ctx, req)
 	return resp, toStatus(err)
 }
 
-func (d *Driver) logRPC(fullMethod string, req any, elapsed time.Duration, err error) {
+func (d *Driver) logRPC(fullMethod string, req, resp any, elapsed time.Duration, err error) {
 	method := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
 	code := status.Code(err)
 	level := zapcore.InfoLevel
@@ -64,6 +64,14 @@ func (d *Driver) logRPC(fullMethod string, req any, elapsed time.Duration, err e
 	}
 	if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
 		fields = append(fields, zap.String("volumeID", v.GetVolumeId()))
+	}
+	if r, ok := req.(*csi.CreateVolumeRequest); ok {
+		// The volume ID of a CreateVolume is in its answer; the name ties
+		// a refused one to its PVC.
+		fields = append(fields, zap.String("name", r.GetName()))
+		if v, ok := resp.(*csi.CreateVolumeResponse); ok && v.GetVolume().GetVolumeId() != "" {
+			fields = append(fields, zap.String("volumeID", v.GetVolume().GetVolumeId()))
+		}
 	}
 	if v, ok := req.(interface{ GetNodeId() string }); ok && v.GetNodeId() != "" {
 		fields = append(fields, zap.String("nodeID", v.GetNodeId()))

@@ -246,8 +246,9 @@ const (
 )
 
 // resolveCapacity picks the size to allocate for a capacity range: the
-// required size (or the default, capped by the limit), at least minBytes,
-// rounded up to a MiB; OUT_OF_RANGE when that exceeds the limit.
+// required size (or the default, capped by the limit and then rounded down
+// to a MiB so that it stays within it), at least minBytes, rounded up to a
+// MiB; OUT_OF_RANGE when that exceeds the limit.
 func resolveCapacity(cr *csi.CapacityRange, minBytes int64) (int64, error) {
 	required, limit := cr.GetRequiredBytes(), cr.GetLimitBytes()
 	if required < 0 || limit < 0 {
@@ -260,7 +261,12 @@ func resolveCapacity(cr *csi.CapacityRange, minBytes int64) (int64, error) {
 	if size == 0 {
 		size = defaultCapacity
 		if limit > 0 && limit < size {
+			// The largest whole-MiB size within the limit; a limit below
+			// one MiB leaves none, and the check below says so.
 			size = limit
+			if whole := limit / capacityUnit * capacityUnit; whole > 0 {
+				size = whole
+			}
 		}
 	}
 	if size < minBytes {

@@ -1,0 +1,451 @@
+package driver
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+func TestCreateVolumeValidation(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*csi.CreateVolumeRequest)
+		code   codes.Code
+		want   []string // substrings of the message; the first names the field
+	}{
+		{"missing name", func(r *csi.CreateVolumeRequest) { r.Name = "" }, codes.InvalidArgument, []string{"name is required"}},
+		{"name too long", func(r *csi.CreateVolumeRequest) { r.Name = strings.Repeat("a", 129) }, codes.InvalidArgument, []string{"name is 129 bytes", "maximum is 128"}},
+		{"name with newline", func(r *csi.CreateVolumeRequest) { r.Name = "pvc\n1" }, codes.InvalidArgument, []string{"name", "control character"}},
+		{"name with NUL", func(r *csi.CreateVolumeRequest) { r.Name = "pvc\x001" }, codes.InvalidArgument, []string{"name", "control character"}},
+		{"name with DEL", func(r *csi.CreateVolumeRequest) { r.Name = "pvc\x7f" }, codes.InvalidArgument, []string{"name", "control character"}},
+		{"no capabilities", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities = nil }, codes.InvalidArgument, []string{"volume_capabilities is required"}},
+		{"nil capability", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities = []*csi.VolumeCapability{nil} }, codes.InvalidArgument, []string{"volume_capabilities[0] is required"}},
+		{"unknown access mode", func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities[0].AccessMode.Mode = csi.VolumeCapability_AccessMode_UNKNOWN
+		}, codes.InvalidArgument, []string{"volume_capabilities[0].access_mode is required"}},
+		{"no access mode", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0].AccessMode = nil }, codes.InvalidArgument, []string{"volume_capabilities[0].access_mode is required"}},
+		{"access mode out of the enum", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0].AccessMode.Mode = 42 }, codes.InvalidArgument, []string{"volume_capabilities[0].access_mode 42"}},
+		{"no access type", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0].AccessType = nil }, codes.InvalidArgument, []string{"volume_capabilities[0].access_type"}},
+		{"mixed block and mount", func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = append(r.VolumeCapabilities, blockCap(snw))
+		}, codes.InvalidArgument, []string{"volume_capabilities mixes mount and block"}},
+		{"two fs types", func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = append(r.VolumeCapabilities, mountCap("xfs", snw))
+		}, codes.InvalidArgument, []string{"volume_capabilities asks for fs types", "ext4", "xfs"}},
+		{"fs type and default fs type", func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = append(r.VolumeCapabilities, mountCap("", snw))
+		}, codes.InvalidArgument, []string{"volume_capabilities asks for fs types"}},
+		{"unknown fs type", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = mountCap("zfs", snw) }, codes.InvalidArgument, []string{"volume_capabilities[0].mount.fs_type", "zfs"}},
+		{"unknown fs type in second capability", func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = append(r.VolumeCapabilities, mountCap("ntfs", snw))
+		}, codes.InvalidArgument, []string{"volume_capabilities[1].mount.fs_type"}},
+		{"multi-node multi-writer mount", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = mountCap("ext4", mnmw) }, codes.InvalidArgument, []string{"volume_capabilities[0]", "MULTI_NODE_MULTI_WRITER", "cluster filesystem"}},
+		{"multi-node single-writer mount", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = mountCap("ext4", mnsw) }, codes.InvalidArgument, []string{"volume_capabilities[0]", "MULTI_NODE_SINGLE_WRITER", "cluster filesystem"}},
+		{"multi-node multi-writer block on loop", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = blockCap(mnmw) }, codes.InvalidArgument, []string{"volume_capabilities[0]", "loop backend"}},
+		{"bind mount flag", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = mountCap("ext4", snw, "bind") }, codes.InvalidArgument, []string{"volume_capabilities[0].mount.mount_flags", `"bind" is not allowed`}},
+		{"mount flag with a space", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = mountCap("ext4", snw, "noatime nodev") }, codes.InvalidArgument, []string{"volume_capabilities[0].mount.mount_flags"}},
+		{"empty mount flag", func(r *csi.CreateVolumeRequest) { r.VolumeCapabilities[0] = mountCap("ext4", snw, "") }, codes.InvalidArgument, []string{"volume_capabilities[0].mount.mount_flags"}},
+		{"unknown parameter", func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{"fsType": "ext4"} }, codes.InvalidArgument, []string{"parameters: unknown key", `"fsType"`}},
+		{"mkfsOptions naming a device", func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{"mkfsOptions": "-L data /dev/sda"} }, codes.InvalidArgument, []string{"parameters.mkfsOptions", "/dev/sda"}},
+		{"mkfsOptions with a control character", func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{"mkfsOptions": "-L\x01x"} }, codes.InvalidArgument, []string{"parameters.mkfsOptions", "control character"}},
+		{"backend not configured", func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{"backend": "loop/nope"} }, codes.InvalidArgument, []string{"parameters.backend", "loop/nope", defaultKey, fastKey}},
+		{"backend malformed", func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{"backend": "../../etc"} }, codes.InvalidArgument, []string{"parameters.backend"}},
+		{"negative required", func(r *csi.CreateVolumeRequest) { r.CapacityRange = &csi.CapacityRange{RequiredBytes: -1} }, codes.InvalidArgument, []string{"capacity_range", "negative"}},
+		{"negative limit", func(r *csi.CreateVolumeRequest) { r.CapacityRange = &csi.CapacityRange{LimitBytes: -1} }, codes.InvalidArgument, []string{"capacity_range", "negative"}},
+		{"required above limit", func(r *csi.CreateVolumeRequest) {
+			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 20 * mib, LimitBytes: 10 * mib}
+		}, codes.InvalidArgument, []string{"capacity_range.required_bytes", "exceeds limit_bytes"}},
+		{"content source", func(r *csi.CreateVolumeRequest) {
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "loop/default/x"}}}
+		}, codes.InvalidArgument, []string{"volume_content_source"}},
+		{"limit below the xfs minimum", func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities[0] = mountCap("xfs", snw)
+			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 10 * mib, LimitBytes: 100 * mib}
+		}, codes.OutOfRange, []string{"capacity_range"}},
+		{"larger than the largest volume", func(r *csi.CreateVolumeRequest) { r.CapacityRange = &csi.CapacityRange{RequiredBytes: maxCapacity + 1} }, codes.OutOfRange, []string{"largest volume"}},
+	}
+	e := newTestEnv(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := createReq("pvc-validation")
+			tt.mutate(req)
+			resp, err := e.CreateVolume(req)
+			wantCode(t, err, tt.code, tt.want...)
+			if resp != nil {
+				t.Fatalf("response %v returned with an error", resp)
+			}
+		})
+	}
+	// Nothing was allocated by any refused request.
+	for _, key := range []string{defaultKey, fastKey} {
+		if imgs := e.poolImages(t, key); len(imgs) != 0 {
+			t.Fatalf("refused requests left images in %s: %v", key, imgs)
+		}
+	}
+}
+
+// Every RPC that takes a volume ID refuses a malformed one, naming the field,
+// before touching any backend.
+func TestVolumeIDValidation(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.registerNodes(t, defaultKey, testNodeID)
+	stage, target := "/var/lib/kubelet/plugins/staging/x", "/var/lib/kubelet/pods/p/volumes/x/mount"
+	rpcs := []struct {
+		name string
+		call func(id string) error
+	}{
+		{"ControllerPublishVolume", func(id string) error {
+			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: testNodeID, VolumeCapability: mountCap("ext4", snw)})
+			return err
+		}},
+		{"ControllerUnpublishVolume", func(id string) error { return e.ControllerUnpublish(id, testNodeID) }},
+		{"ValidateVolumeCapabilities", func(id string) error {
+			_, err := e.ValidateVolumeCapabilities(&csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{mountCap("ext4", snw)}})
+			return err
+		}},
+		{"NodeStageVolume", func(id string) error {
+			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodeUnstageVolume", func(id string) error {
+			return e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})
+		}},
+		{"NodePublishVolume", func(id string) error {
+			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stage, TargetPath: target, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodeUnpublishVolume", func(id string) error {
+			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+		}},
+		{"NodeGetVolumeStats", func(id string) error {
+			_, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+			return err
+		}},
+	}
+	ids := []struct {
+		name, id string
+		want     []string
+	}{
+		{"empty", "", []string{"volume_id is required"}},
+		{"not an ID", "fake-vol-id", []string{"volume_id", "not of the form"}},
+		{"two parts", "loop/default", []string{"volume_id", "not of the form"}},
+		{"dot-dot", "loop/default/../../etc/passwd", []string{"volume_id", `".."`}},
+		{"too long", "loop/default/" + strings.Repeat("a", 116), []string{"volume_id", "maximum is 128"}},
+		{"empty segment", "rbd/ceph/kube//img", []string{"volume_id", "empty segment"}},
+		{"empty image", "loop/default/", []string{"volume_id", "image name is empty"}},
+		{"upper-case backend", "LOOP/default/a", []string{"volume_id", "backend"}},
+		{"space", "loop/default/a b", []string{"volume_id", "characters outside"}},
+	}
+	for _, rpc := range rpcs {
+		for _, id := range ids {
+			t.Run(rpc.name+"/"+id.name, func(t *testing.T) {
+				wantCode(t, rpc.call(id.id), codes.InvalidArgument, id.want...)
+			})
+		}
+	}
+	if calls := e.loops[defaultKey].Calls; len(calls) != 0 {
+		t.Fatalf("malformed IDs reached the loop driver: %v", calls)
+	}
+}
+
+// DeleteVolume needs an ID, but an ID that no Spindle volume can have names
+// nothing to delete: success, as the spec asks for a missing volume.
+func TestDeleteVolumeIDs(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	keep := e.mustCreate(t, createReq("pvc-keep"))
+	tests := []struct {
+		id   string
+		code codes.Code
+		want []string
+	}{
+		{"", codes.InvalidArgument, []string{"volume_id is required"}},
+		{"fake-vol-id", codes.OK, nil},
+		{"loop/default/../../etc/passwd", codes.OK, nil},
+		{"loop/default/a//b", codes.OK, nil},
+		{"loop/default/" + strings.Repeat("a", 200), codes.OK, nil},
+		{"loop/default/pvc-never-created", codes.OK, nil},
+		// Ours, but served by nothing here: "deleted" would lose an image.
+		{"loop/other/pvc-keep", codes.FailedPrecondition, []string{"loop/other", "not configured", defaultKey}},
+		{"rbd/ceph-a/kube/csi-vol-1", codes.FailedPrecondition, []string{"rbd/ceph-a", "not configured"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.id, func(t *testing.T) {
+			wantCode(t, e.DeleteVolume(tt.id), tt.code, tt.want...)
+		})
+	}
+	if img := e.image(t, keep); img.Name != "pvc-keep" {
+		t.Fatalf("unrelated volume changed: %+v", img)
+	}
+}
+
+func TestNodeIDValidation(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	vol := e.mustCreate(t, createReq("pvc-nodeid"))
+	bad := []struct {
+		name, nodeID string
+		want         string
+	}{
+		{"slash", "node/a", "node_id"},
+		{"leading dash", "-node", "node_id"},
+		{"dot", ".", "node_id"},
+		{"dot-dot", "..", "node_id"},
+		{"space", "node a", "node_id"},
+		{"too long", strings.Repeat("n", 129), "node_id"},
+		{"NUL", "node\x00a", "node_id"},
+	}
+	for _, tt := range bad {
+		t.Run("publish/"+tt.name, func(t *testing.T) {
+			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: tt.nodeID, VolumeCapability: mountCap("ext4", snw)})
+			wantCode(t, err, codes.InvalidArgument, tt.want)
+		})
+		t.Run("unpublish/"+tt.name, func(t *testing.T) {
+			wantCode(t, e.ControllerUnpublish(vol, tt.nodeID), codes.InvalidArgument, tt.want)
+		})
+	}
+	t.Run("publish/empty", func(t *testing.T) {
+		_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: vol, VolumeCapability: mountCap("ext4", snw)})
+		wantCode(t, err, codes.InvalidArgument, "node_id is required")
+	})
+	// ControllerUnpublishVolume without a node means "every node".
+	t.Run("unpublish/empty", func(t *testing.T) {
+		wantCode(t, e.ControllerUnpublish(vol, ""), codes.OK)
+	})
+	t.Run("longest", func(t *testing.T) {
+		// 128 characters is a valid ID; it is unknown to the backend.
+		_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: strings.Repeat("n", 128), VolumeCapability: mountCap("ext4", snw)})
+		wantCode(t, err, codes.NotFound, "has not registered")
+	})
+}
+
+func TestValidatePath(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		path string
+		want string // "" = accepted
+	}{
+		{"/var/lib/kubelet/x", ""},
+		{"/var/lib/kubelet/x/", ""}, // a trailing slash is harmless
+		{"/", ""},
+		{"", "is required"},
+		{"relative/path", "must be an absolute path"},
+		{"./x", "must be an absolute path"},
+		{"/a/../b", "must be a clean path"},
+		{"/a/./b", "must be a clean path"},
+		{"/a//b", "must be a clean path"},
+		{"/a/b/..", "must be a clean path"},
+		{"/a/b//", "must be a clean path"},
+		{"/a/b\x00c", "contains a NUL byte"},
+		{"/" + strings.Repeat("a", maxPathLength), "longer than 4096 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			err := validatePath("target_path", tt.path)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("validatePath(%q): %v", tt.path, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("validatePath(%q) accepted", tt.path)
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("kind = %v, want invalid argument", errdefs.KindOf(err))
+			}
+			if !strings.HasPrefix(err.Error(), "target_path") || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q: want it to start with the field and contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// Each node RPC validates every path it takes, naming the field.
+func TestNodePathValidation(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	const vol = "loop/default/pvc-paths"
+	good := "/var/lib/kubelet/plugins/spindle/staging/pvc-paths"
+	goodTarget := "/var/lib/kubelet/pods/p/volumes/pvc-paths/mount"
+	bad := []struct{ name, path, want string }{
+		{"empty", "", "is required"},
+		{"relative", "var/lib/x", "must be an absolute path"},
+		{"unclean", "/var/lib/../x", "must be a clean path"},
+		{"double slash", "/var//lib", "must be a clean path"},
+		{"NUL", "/var/lib/x\x00y", "contains a NUL byte"},
+	}
+	rpcs := []struct {
+		rpc, field string
+		call       func(p string) error
+	}{
+		{"NodeStageVolume", "staging_target_path", func(p string) error {
+			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: p, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodeUnstageVolume", "staging_target_path", func(p string) error {
+			return e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: p})
+		}},
+		{"NodePublishVolume", "target_path", func(p string) error {
+			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: good, TargetPath: p, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodePublishVolume", "staging_target_path", func(p string) error {
+			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: p, TargetPath: goodTarget, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodeUnpublishVolume", "target_path", func(p string) error {
+			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: p})
+		}},
+	}
+	for _, rpc := range rpcs {
+		for _, tt := range bad {
+			t.Run(rpc.rpc+"/"+rpc.field+"/"+tt.name, func(t *testing.T) {
+				wantCode(t, rpc.call(tt.path), codes.InvalidArgument, rpc.field, tt.want)
+			})
+		}
+	}
+	t.Run("NodeGetVolumeStats/empty", func(t *testing.T) {
+		_, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: vol})
+		wantCode(t, err, codes.InvalidArgument, "volume_path is required")
+	})
+}
+
+// A capability that is missing or has no access mode is refused by every RPC
+// that takes one, naming the field.
+func TestCapabilityValidation(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	vol := e.mustCreate(t, createReq("pvc-caps"))
+	e.registerNodes(t, defaultKey, testNodeID)
+	stage := "/var/lib/kubelet/plugins/spindle/staging/pvc-caps"
+	target := "/var/lib/kubelet/pods/p/volumes/pvc-caps/mount"
+	caps := []struct {
+		name string
+		cap  *csi.VolumeCapability
+		want string
+	}{
+		{"missing", nil, "volume_capability is required"},
+		{"unknown access mode", mountCap("ext4", csi.VolumeCapability_AccessMode_UNKNOWN), "volume_capability.access_mode is required"},
+		{"no access mode", &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}, "volume_capability.access_mode is required"},
+		{"no access type", &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: snw}}, "volume_capability.access_type"},
+		{"unknown fs type", mountCap("zfs", snw), "volume_capability.mount.fs_type"},
+		{"multi-node writer mount", mountCap("ext4", mnmw), "volume_capability: access mode MULTI_NODE_MULTI_WRITER"},
+	}
+	rpcs := []struct {
+		name string
+		call func(c *csi.VolumeCapability) error
+	}{
+		{"ControllerPublishVolume", func(c *csi.VolumeCapability) error {
+			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: testNodeID, VolumeCapability: c})
+			return err
+		}},
+		{"NodeStageVolume", func(c *csi.VolumeCapability) error {
+			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: stage, VolumeCapability: c})
+		}},
+		{"NodePublishVolume", func(c *csi.VolumeCapability) error {
+			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: stage, TargetPath: target, VolumeCapability: c})
+		}},
+	}
+	for _, rpc := range rpcs {
+		for _, tt := range caps {
+			t.Run(rpc.name+"/"+tt.name, func(t *testing.T) {
+				wantCode(t, rpc.call(tt.cap), codes.InvalidArgument, tt.want)
+			})
+		}
+	}
+	if img := e.image(t, vol); len(img.Attachments) != 0 {
+		t.Fatalf("a refused publish left attachments: %+v", img.Attachments)
+	}
+	if calls := e.loops[defaultKey].Calls; len(calls) != 0 {
+		t.Fatalf("refused requests reached the loop driver: %v", calls)
+	}
+}
+
+// NodeStageVolume checks what the controller and the provisioner handed it.
+func TestNodeStageContextValidation(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	tests := []struct {
+		name string
+		req  *csi.NodeStageVolumeRequest
+		want []string
+	}{
+		{"readOnly not a boolean", &csi.NodeStageVolumeRequest{PublishContext: map[string]string{"readOnly": "maybe"}}, []string{"publish_context.readOnly", `"maybe"`}},
+		{"mkfsOptions naming a device", &csi.NodeStageVolumeRequest{VolumeContext: map[string]string{"mkfsOptions": "-L x /dev/sdb"}}, []string{"volume_context", "/dev/sdb"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.req.VolumeId = "loop/default/pvc-ctx"
+			tt.req.StagingTargetPath = "/var/lib/kubelet/plugins/spindle/staging/pvc-ctx"
+			tt.req.VolumeCapability = mountCap("ext4", snw)
+			wantCode(t, e.NodeStage(tt.req), codes.InvalidArgument, tt.want...)
+		})
+	}
+}
+
+func TestResolveCapacity(t *testing.T) {
+	t.Parallel()
+	const xfsMin, ext4Min = 300 * mib, 1 * mib
+	tests := []struct {
+		name            string
+		required, limit int64
+		min             int64
+		want            int64
+		kind            error // nil = success
+	}{
+		{name: "default", want: 1 * gib},
+		{name: "default with the ext4 minimum", min: ext4Min, want: 1 * gib},
+		{name: "default with the xfs minimum", min: xfsMin, want: 1 * gib},
+		{name: "default capped by a lower limit", limit: 100 * mib, want: 100 * mib},
+		{name: "default capped by an unaligned limit", limit: 100*mib + 1, want: 100 * mib},
+		{name: "default capped by a limit below one MiB", limit: 1000, kind: errdefs.ErrOutOfRange},
+		{name: "default with a higher limit", limit: 5 * gib, want: 1 * gib},
+		{name: "one byte rounds up to a MiB", required: 1, want: 1 * mib},
+		{name: "exact MiB", required: 7 * mib, want: 7 * mib},
+		{name: "MiB plus one rounds up", required: 7*mib + 1, want: 8 * mib},
+		{name: "rounding up stays within the limit", required: 7*mib + 1, limit: 8 * mib, want: 8 * mib},
+		{name: "xfs minimum", required: 10 * mib, min: xfsMin, want: xfsMin},
+		{name: "xfs minimum within the limit", required: 10 * mib, limit: 500 * mib, min: xfsMin, want: xfsMin},
+		{name: "xfs default capped by a limit", limit: 500 * mib, min: xfsMin, want: 500 * mib},
+		{name: "limit below the xfs minimum", required: 10 * mib, limit: 200 * mib, min: xfsMin, kind: errdefs.ErrOutOfRange},
+		{name: "default limit below the xfs minimum", limit: 200 * mib, min: xfsMin, kind: errdefs.ErrOutOfRange},
+		{name: "rounding exceeds the limit", required: 7*mib + 1, limit: 7*mib + 100, kind: errdefs.ErrOutOfRange},
+		{name: "largest", required: maxCapacity, want: maxCapacity},
+		{name: "larger than the largest", required: maxCapacity + 1, kind: errdefs.ErrOutOfRange},
+		{name: "required equals limit", required: 64 * mib, limit: 64 * mib, want: 64 * mib},
+		{name: "negative required", required: -1, kind: errdefs.ErrInvalidArgument},
+		{name: "negative limit", limit: -1, kind: errdefs.ErrInvalidArgument},
+		{name: "required above limit", required: 2 * mib, limit: 1 * mib, kind: errdefs.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cr := &csi.CapacityRange{RequiredBytes: tt.required, LimitBytes: tt.limit}
+			if tt.required == 0 && tt.limit == 0 {
+				cr = nil // no capacity_range at all
+			}
+			got, err := resolveCapacity(cr, tt.min)
+			if tt.kind != nil {
+				if err == nil {
+					t.Fatalf("resolveCapacity(%d, %d, min %d) = %d, want a %v error", tt.required, tt.limit, tt.min, got, tt.kind)
+				}
+				if errdefs.KindOf(err) != tt.kind {
+					t.Fatalf("error %q is of kind %v, want %v", err, errdefs.KindOf(err), tt.kind)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("resolveCapacity(%d, %d, min %d): %v", tt.required, tt.limit, tt.min, err)
+			}
+			if got != tt.want {
+				t.Fatalf("resolveCapacity(%d, %d, min %d) = %d, want %d", tt.required, tt.limit, tt.min, got, tt.want)
+			}
+			// The invariants every size keeps.
+			if got%mib != 0 || got < tt.required || got < tt.min || (tt.limit > 0 && got > tt.limit) {
+				t.Fatalf("size %d breaks an invariant of range [%d, %d] min %d", got, tt.required, tt.limit, tt.min)
+			}
+		})
+	}
+}
