@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,10 +35,14 @@ type Driver struct {
 	Socket  string
 	PoolDir string
 	Conn    *grpc.ClientConn
+	// Process is the driver's process when it runs as a child (StartProcess).
+	Process *os.Process
 
 	Identity   csi.IdentityClient
 	Controller csi.ControllerClient
 	Node       csi.NodeClient
+
+	exited <-chan error
 }
 
 // Options tune a driver started by the harness.
@@ -119,6 +124,100 @@ func Start(t testing.TB, o Options) *Driver {
 	t.Cleanup(func() { drv.Conn.Close() })
 	CheckNoLeaks(t, o.PoolDir, dir)
 	return drv
+}
+
+// ProcessOptions describe a driver run as a child process from its binary,
+// as the demo and the benchmark do: the same binary users deploy.
+type ProcessOptions struct {
+	Binary  string // path to the spindle binary
+	WorkDir string // holds the socket, the pool (unless PoolDir) and the log
+	PoolDir string // defaults to WorkDir/pool
+	// LogLevel defaults to "warn"; the log goes to WorkDir/spindle.log.
+	LogLevel string
+}
+
+// StartProcess starts the driver binary (mode all, loop backend) and
+// connects to it. Stop it with (*Driver).Stop.
+func StartProcess(o ProcessOptions) (*Driver, error) {
+	if o.PoolDir == "" {
+		o.PoolDir = filepath.Join(o.WorkDir, "pool")
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "warn"
+	}
+	socket := filepath.Join(o.WorkDir, "csi.sock")
+	logFile, err := os.Create(filepath.Join(o.WorkDir, "spindle.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close() // the child holds its own descriptor
+	cmd := exec.Command(o.Binary,
+		"--endpoint=unix://"+socket,
+		"--mode=all",
+		"--node-id="+NodeID,
+		"--loop-pool-dir="+o.PoolDir,
+		"--log-format=console",
+		"--log-level="+o.LogLevel,
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", o.Binary, err)
+	}
+	died := make(chan error, 1)
+	go func() { died <- cmd.Wait() }()
+	drv, err := Connect(socket, died)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		log, _ := os.ReadFile(logFile.Name())
+		return nil, fmt.Errorf("%w; driver log:\n%s", err, log)
+	}
+	drv.PoolDir = o.PoolDir
+	drv.Process = cmd.Process
+	drv.exited = died
+	return drv, nil
+}
+
+// Stop closes the connection and, for a child process, sends SIGTERM and
+// waits for a graceful exit.
+func (d *Driver) Stop() error {
+	d.Conn.Close()
+	if d.Process == nil {
+		return nil
+	}
+	if err := d.Process.Signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			return fmt.Errorf("driver exited with %w", err)
+		}
+		return nil
+	case <-time.After(30 * time.Second):
+		_ = d.Process.Kill()
+		return fmt.Errorf("driver did not stop within 30s of SIGTERM")
+	}
+}
+
+// RSSBytes is the resident set size of a child-process driver.
+func (d *Driver) RSSBytes() (int64, error) {
+	if d.Process == nil {
+		return 0, fmt.Errorf("driver runs in-process")
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kib int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kib); err != nil {
+				return 0, err
+			}
+			return kib << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", d.Process.Pid)
 }
 
 // Connect waits for the socket and dials it. died, when not nil, reports a

@@ -1,0 +1,310 @@
+// Command spindle-bench measures the driver against the plain commands that
+// do the same work (`make bench`). It runs the driver binary on a loop pool
+// and prints:
+//
+//   - N sequential lifecycles (create → controller publish → stage → publish
+//     → unpublish → unstage → controller unpublish → delete) interleaved with
+//     the same steps as plain commands (truncate, losetup, mkfs, mount, bind,
+//     umount, losetup -d, rm), and the ratio driver/plain;
+//   - a parallel batch of lifecycles;
+//   - per-RPC p50/p99;
+//   - the same sequential lifecycles again with many volumes already staged,
+//     to show whether per-lifecycle time grows with the node's load;
+//   - the driver's resident memory when idle.
+//
+// It prints figures; it asserts nothing about time.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spindle-csi/spindle/e2e/harness"
+	"github.com/spindle-csi/spindle/e2e/lifecycle"
+)
+
+type options struct {
+	binary    string
+	n         int
+	parallel  int
+	staged    int
+	sizeMiB   int64
+	stagedMiB int64
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.binary, "driver", "bin/spindle", "the spindle binary to run")
+	flag.IntVar(&o.n, "n", 20, "sequential lifecycles (and as many plain-command runs)")
+	flag.IntVar(&o.parallel, "parallel", 8, "lifecycles in the parallel batch")
+	flag.IntVar(&o.staged, "staged", 200, "volumes kept staged for the under-load run")
+	flag.Int64Var(&o.sizeMiB, "size-mib", 1024, "size of each measured volume (ext4)")
+	flag.Int64Var(&o.stagedMiB, "staged-size-mib", 16, "size of each background volume")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "spindle-bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// recorder collects durations per step; safe for concurrent use.
+type recorder struct {
+	mu    sync.Mutex
+	steps map[string][]time.Duration
+}
+
+func newRecorder() *recorder { return &recorder{steps: map[string][]time.Duration{}} }
+
+func (r *recorder) observe(step, _ string, d time.Duration, err error) {
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	r.steps[step] = append(r.steps[step], d)
+	r.mu.Unlock()
+}
+
+func run(o options) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: binds loop devices and mounts filesystems (run `sudo make bench`)")
+	}
+	work, err := os.MkdirTemp("", "spindle-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	drv, err := harness.StartProcess(harness.ProcessOptions{Binary: o.binary, WorkDir: work})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := drv.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "spindle-bench: stop driver: %v\n", err)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // let start-up allocations settle before the idle reading
+	idleRSS, _ := drv.RSSBytes()
+
+	ctx := context.Background()
+	size := o.sizeMiB << 20
+	fmt.Printf("Spindle benchmark: %d MiB ext4 volumes, loop backend, pool on %s\n\n", o.sizeMiB, work)
+
+	// 1. Sequential, interleaved with plain commands so both see the same machine state.
+	rpcs := newRecorder()
+	c := lifecycle.NewClient(drv, rpcs.observe)
+	var driverRuns, plainRuns []time.Duration
+	plainSteps := newRecorder()
+	for i := 0; i < o.n; i++ {
+		d, err := oneLifecycle(ctx, c, fmt.Sprintf("bench-seq-%d", i), size, filepath.Join(work, "seq"))
+		if err != nil {
+			return err
+		}
+		driverRuns = append(driverRuns, d)
+		p, err := plainLifecycle(ctx, filepath.Join(work, "plain"), size, plainSteps)
+		if err != nil {
+			return fmt.Errorf("plain commands: %w", err)
+		}
+		plainRuns = append(plainRuns, p)
+	}
+	fmt.Printf("Sequential lifecycles (N=%d):\n", o.n)
+	fmt.Printf("  driver over gRPC   p50 %8s  p99 %8s  first %8s\n", ms(pct(driverRuns, 50)), ms(pct(driverRuns, 99)), ms(driverRuns[0]))
+	fmt.Printf("  plain commands     p50 %8s  p99 %8s  first %8s\n", ms(pct(plainRuns, 50)), ms(pct(plainRuns, 99)), ms(plainRuns[0]))
+	fmt.Printf("  ratio driver/plain at N=1: %.2f   median over N=%d: %.2f\n\n",
+		ratio(driverRuns[0], plainRuns[0]), o.n, ratio(pct(driverRuns, 50), pct(plainRuns, 50)))
+
+	// 2. A parallel batch.
+	start := time.Now()
+	errs := make([]error, o.parallel)
+	var wg sync.WaitGroup
+	for i := 0; i < o.parallel; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			_, errs[i] = oneLifecycle(ctx, c, fmt.Sprintf("bench-par-%d", i), size, filepath.Join(work, "par", fmt.Sprint(i)))
+		}(i)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	batch := time.Since(start)
+	fmt.Printf("Parallel batch: %d lifecycles in %s (%.1f lifecycles/s)\n\n", o.parallel, ms(batch), float64(o.parallel)/batch.Seconds())
+
+	fmt.Println("Per RPC (sequential and parallel runs):")
+	printSteps(rpcs, []string{lifecycle.StepCreate, lifecycle.StepControllerPublish, lifecycle.StepStage, lifecycle.StepPublish,
+		lifecycle.StepUnpublish, lifecycle.StepUnstage, lifecycle.StepControllerUnpublish, lifecycle.StepDelete})
+	fmt.Println("\nPlain commands, per step:")
+	printSteps(plainSteps, plainOrder)
+
+	// 3. Under load: the same sequential lifecycles with many volumes staged.
+	if o.staged > 0 {
+		fmt.Printf("\nStaging %d background volumes (%d MiB each)...\n", o.staged, o.stagedMiB)
+		background, stageErr := stageMany(ctx, lifecycle.NewClient(drv, nil), o.staged, o.stagedMiB<<20, filepath.Join(work, "bg"))
+		defer cleanupMany(ctx, lifecycle.NewClient(drv, nil), background)
+		if stageErr != nil {
+			return stageErr
+		}
+		var loaded []time.Duration
+		for i := 0; i < o.n; i++ {
+			d, err := oneLifecycle(ctx, lifecycle.NewClient(drv, nil), fmt.Sprintf("bench-load-%d", i), size, filepath.Join(work, "load"))
+			if err != nil {
+				return err
+			}
+			loaded = append(loaded, d)
+		}
+		fmt.Printf("Sequential lifecycles with %d volumes staged (N=%d):\n", o.staged, o.n)
+		fmt.Printf("  driver over gRPC   p50 %8s  p99 %8s\n", ms(pct(loaded, 50)), ms(pct(loaded, 99)))
+		fmt.Printf("  growth of p50 against the idle node: %.2fx\n", ratio(pct(loaded, 50), pct(driverRuns, 50)))
+		loadedRSS, _ := drv.RSSBytes()
+		fmt.Printf("  driver RSS with %d volumes staged: %.1f MiB\n", o.staged, mib(loadedRSS))
+	}
+	fmt.Printf("\nDriver RSS idle after start: %.1f MiB\n", mib(idleRSS))
+	return nil
+}
+
+// oneLifecycle runs the pod-free lifecycle plus one publish, and returns its duration.
+func oneLifecycle(ctx context.Context, c *lifecycle.Client, name string, size int64, dir string) (time.Duration, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return 0, err
+	}
+	target := filepath.Join(dir, "target-"+name)
+	start := time.Now()
+	v, err := c.Create(ctx, name, size, lifecycle.MountCapability("ext4"), nil, filepath.Join(dir, "staging-"+name))
+	if err != nil {
+		return 0, err
+	}
+	if err := c.Attach(ctx, v); err != nil {
+		return 0, err
+	}
+	if err := c.Publish(ctx, v, target, false); err != nil {
+		return 0, err
+	}
+	if err := c.Unpublish(ctx, v, target); err != nil {
+		return 0, err
+	}
+	if err := c.Detach(ctx, v); err != nil {
+		return 0, err
+	}
+	if err := c.Delete(ctx, v); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+var plainOrder = []string{"truncate", "losetup", "mkfs.ext4", "mount", "mount --bind", "umount (bind)", "umount", "losetup -d", "rm"}
+
+// plainLifecycle does by hand what one lifecycle does: the same flags the
+// driver uses for losetup and mkfs, so the comparison is like for like.
+func plainLifecycle(ctx context.Context, dir string, size int64, rec *recorder) (time.Duration, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return 0, err
+	}
+	img, staging, target := filepath.Join(dir, "plain.img"), filepath.Join(dir, "staging"), filepath.Join(dir, "target")
+	for _, d := range []string{staging, target} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return 0, err
+		}
+	}
+	var dev string
+	steps := []struct {
+		name string
+		args func() []string
+	}{
+		{"truncate", func() []string { return []string{"truncate", "-s", fmt.Sprint(size), img} }},
+		{"losetup", func() []string { return []string{"losetup", "--find", "--show", "--direct-io=on", img} }},
+		{"mkfs.ext4", func() []string {
+			return []string{"mkfs.ext4", "-q", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", dev}
+		}},
+		{"mount", func() []string { return []string{"mount", "-t", "ext4", dev, staging} }},
+		{"mount --bind", func() []string { return []string{"mount", "--bind", staging, target} }},
+		{"umount (bind)", func() []string { return []string{"umount", target} }},
+		{"umount", func() []string { return []string{"umount", staging} }},
+		{"losetup -d", func() []string { return []string{"losetup", "--detach", dev} }},
+		{"rm", func() []string { return []string{"rm", "-f", img} }},
+	}
+	start := time.Now()
+	for _, s := range steps {
+		args := s.args()
+		t := time.Now()
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		cmd.Env = append(os.Environ(), "LC_ALL=C")
+		out, err := cmd.Output()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", strings.Join(args, " "), err)
+		}
+		rec.observe(s.name, "", time.Since(t), nil)
+		if s.name == "losetup" {
+			dev = strings.TrimSpace(string(out))
+		}
+	}
+	return time.Since(start), nil
+}
+
+// stageMany creates and stages n small volumes; it returns those it made
+// so they can be cleaned up even when it fails part-way.
+func stageMany(ctx context.Context, c *lifecycle.Client, n int, size int64, dir string) ([]*lifecycle.Volume, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, err
+	}
+	var vols []*lifecycle.Volume
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("bench-bg-%d", i)
+		v, err := c.Create(ctx, name, size, lifecycle.MountCapability("ext4"), nil, filepath.Join(dir, name))
+		if err != nil {
+			return vols, err
+		}
+		vols = append(vols, v)
+		if err := c.Attach(ctx, v); err != nil {
+			return vols, err
+		}
+	}
+	return vols, nil
+}
+
+func cleanupMany(ctx context.Context, c *lifecycle.Client, vols []*lifecycle.Volume) {
+	for _, v := range vols {
+		err := errors.Join(c.Detach(ctx, v), c.Delete(ctx, v))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "spindle-bench: cleanup %s: %v\n", v.ID, err)
+		}
+	}
+}
+
+func printSteps(r *recorder, order []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fmt.Printf("  %-27s %6s %9s %9s\n", "step", "count", "p50", "p99")
+	for _, name := range order {
+		ds := r.steps[name]
+		if len(ds) == 0 {
+			continue
+		}
+		fmt.Printf("  %-27s %6d %9s %9s\n", name, len(ds), ms(pct(ds, 50)), ms(pct(ds, 99)))
+	}
+}
+
+// pct is the p-th percentile (nearest rank).
+func pct(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	rank := (p*len(s) + 99) / 100
+	if rank < 1 {
+		rank = 1
+	}
+	return s[rank-1]
+}
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
+func mib(b int64) float64              { return float64(b) / (1 << 20) }
+func ms(d time.Duration) string        { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }

@@ -1,0 +1,267 @@
+package lifecycle_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/spindle-csi/spindle/e2e/harness"
+	"github.com/spindle-csi/spindle/e2e/lifecycle"
+)
+
+const gib = 1 << 30
+
+// TestFullLifecycle takes a 1 GiB volume of every kind through the whole
+// lifecycle on real loop devices and real filesystems, then checks that
+// nothing is left: no loop device, no mount, no image.
+func TestFullLifecycle(t *testing.T) {
+	tests := []struct {
+		name       string
+		capability *csi.VolumeCapability
+		programs   []string
+	}{
+		{"ext4", lifecycle.MountCapability("ext4"), []string{"mkfs.ext4"}},
+		{"xfs", lifecycle.MountCapability("xfs"), []string{"mkfs.xfs"}},
+		{"btrfs", lifecycle.MountCapability("btrfs"), []string{"mkfs.btrfs"}},
+		{"block", lifecycle.BlockCapability(), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			harness.RequireRoot(t)
+			harness.RequireCommands(t, tt.programs...)
+			drv := harness.Start(t, harness.Options{})
+			dir := harness.TempDir(t)
+			harness.CheckNoLeaks(t, drv.PoolDir, dir)
+
+			var steps []string
+			c := lifecycle.NewClient(drv, func(step, _ string, _ time.Duration, err error) {
+				if err == nil {
+					steps = append(steps, step)
+				}
+			})
+			err := c.Full(context.Background(), lifecycle.Spec{
+				Name: "pvc-lifecycle-" + tt.name, SizeBytes: gib, Capability: tt.capability, WorkDir: dir,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{
+				lifecycle.StepCreate, lifecycle.StepControllerPublish, lifecycle.StepStage,
+				lifecycle.StepPublish, lifecycle.StepPublish, lifecycle.StepWrite, lifecycle.StepRead,
+				lifecycle.StepUnpublish, lifecycle.StepUnpublish, lifecycle.StepUnstage,
+				lifecycle.StepStage, lifecycle.StepPublish, lifecycle.StepRead, lifecycle.StepUnpublish,
+				lifecycle.StepUnstage, lifecycle.StepControllerUnpublish, lifecycle.StepDelete,
+			}
+			if strings.Join(steps, ",") != strings.Join(want, ",") {
+				t.Errorf("steps:\n got  %v\n want %v", steps, want)
+			}
+			if left := poolImages(t, drv.PoolDir); len(left) > 0 {
+				t.Errorf("pool still holds %v after DeleteVolume", left)
+			}
+		})
+	}
+}
+
+// TestFormatOnce checks the one-format rule across unstage and restage: the
+// filesystem made at the first stage is the one found at the second (same
+// UUID), and the image store records it as formatted.
+func TestFormatOnce(t *testing.T) {
+	harness.RequireRoot(t)
+	harness.RequireCommands(t, "mkfs.ext4", "blkid")
+	drv := harness.Start(t, harness.Options{})
+	dir := harness.TempDir(t)
+	harness.CheckNoLeaks(t, drv.PoolDir, dir)
+	ctx := context.Background()
+	c := lifecycle.NewClient(drv, nil)
+
+	v, err := c.Create(ctx, "pvc-format-once", 64<<20, lifecycle.MountCapability("ext4"), nil, filepath.Join(dir, "globalmount"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teardown(t, c, v) })
+	if err := c.Attach(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	first := filesystemUUID(t, v.StagingPath)
+	if err := c.Unstage(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stage(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if second := filesystemUUID(t, v.StagingPath); second != first {
+		t.Fatalf("filesystem UUID changed from %s to %s across a restage: the volume was formatted twice", first, second)
+	}
+	meta := imageMetadata(t, drv.PoolDir, v.ID)
+	if meta["formatted"] != true || meta["fsType"] != "ext4" {
+		t.Fatalf("image metadata formatted=%v fsType=%v, want true and ext4", meta["formatted"], meta["fsType"])
+	}
+}
+
+// TestWrongFilesystemRefused: a volume that holds xfs, staged again asking
+// for ext4, is refused with a clear error, nothing is mounted or left
+// attached, and its data is untouched.
+func TestWrongFilesystemRefused(t *testing.T) {
+	harness.RequireRoot(t)
+	harness.RequireCommands(t, "mkfs.xfs")
+	drv := harness.Start(t, harness.Options{})
+	dir := harness.TempDir(t)
+	harness.CheckNoLeaks(t, drv.PoolDir, dir)
+	ctx := context.Background()
+	c := lifecycle.NewClient(drv, nil)
+
+	v, err := c.Create(ctx, "pvc-xfs-then-ext4", 300<<20, lifecycle.MountCapability("xfs"), nil, filepath.Join(dir, "globalmount"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teardown(t, c, v) })
+	if err := c.Attach(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(dir, "pod", "volume")
+	if err := c.Publish(ctx, v, target, false); err != nil {
+		t.Fatal(err)
+	}
+	p := lifecycle.NewPayload(256 << 10)
+	if err := lifecycle.Write(v, target, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Unpublish(ctx, v, target); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Unstage(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(drv.PoolDir, v.ID[strings.LastIndex(v.ID, "/")+1:]+".img")
+	before, err := lifecycle.FileHash(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The controller refuses the mismatch first ...
+	_, err = drv.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: v.Name, CapacityRange: &csi.CapacityRange{RequiredBytes: 300 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{lifecycle.MountCapability("ext4")},
+	})
+	wantCode(t, "CreateVolume of the same name as ext4", err, codes.AlreadyExists, "xfs")
+	_, err = drv.Controller.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
+		VolumeId: v.ID, NodeId: harness.NodeID, VolumeCapability: lifecycle.MountCapability("ext4"),
+	})
+	wantCode(t, "ControllerPublishVolume as ext4", err, codes.InvalidArgument, "xfs")
+
+	// ... and the node, which trusts only what blkid finds on the device,
+	// refuses it too when asked directly.
+	asExt4 := *v
+	asExt4.Capability = lifecycle.MountCapability("ext4")
+	err = c.Stage(ctx, &asExt4)
+	wantCode(t, "NodeStageVolume as ext4", err, codes.FailedPrecondition, "xfs")
+
+	if m := harness.MountsUnder(dir); len(m) > 0 {
+		t.Errorf("refused stage left mounts: %v", m)
+	}
+	if l := harness.LoopDevicesUnder(drv.PoolDir); len(l) > 0 {
+		t.Errorf("refused stage left loop devices: %v", l)
+	}
+	after, err := lifecycle.FileHash(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Fatal("the image changed although the stage was refused")
+	}
+
+	// Staged as what it is, the data is all there.
+	if err := c.Stage(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Publish(ctx, v, target, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := lifecycle.Check(v, target, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantCode(t *testing.T, what string, err error, code codes.Code, mention string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Errorf("%s: got %v, want %s", what, err, code)
+		return
+	}
+	if !strings.Contains(status.Convert(err).Message(), mention) {
+		t.Errorf("%s: message %q does not mention %q", what, status.Convert(err).Message(), mention)
+	}
+}
+
+// teardown undoes whatever of the lifecycle a test reached. Every step is
+// idempotent, so it runs all of them.
+func teardown(t *testing.T, c *lifecycle.Client, v *lifecycle.Volume) {
+	t.Helper()
+	ctx := context.Background()
+	_ = filepath.WalkDir(filepath.Dir(v.StagingPath), func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "volume" {
+			if err := c.Unpublish(ctx, v, path); err != nil {
+				t.Errorf("teardown: %v", err)
+			}
+		}
+		return nil
+	})
+	for _, step := range []func(context.Context, *lifecycle.Volume) error{c.Unstage, c.ControllerUnpublish, c.Delete} {
+		if err := step(ctx, v); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	}
+}
+
+func filesystemUUID(t *testing.T, mountPoint string) string {
+	t.Helper()
+	out, err := runOutput("findmnt", "-n", "-o", "UUID", "--mountpoint", mountPoint)
+	if err != nil || strings.TrimSpace(out) == "" {
+		t.Fatalf("findmnt %s: %v %q", mountPoint, err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+func imageMetadata(t *testing.T, poolDir, volumeID string) map[string]any {
+	t.Helper()
+	image := volumeID[strings.LastIndex(volumeID, "/")+1:]
+	data, err := os.ReadFile(filepath.Join(poolDir, image+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// poolImages lists image files and metadata left in a pool.
+func poolImages(t *testing.T, poolDir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(poolDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".img") || (strings.HasSuffix(e.Name(), ".json") && !strings.HasPrefix(e.Name(), ".")) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func runOutput(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).Output()
+	return string(out), err
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs every system package Spindle's tests, demo and benchmark need on a
+# Debian machine. Idempotent and quick when everything is present: it only
+# calls apt-get for what is missing. Used by `make test`, `make demo`,
+# `make bench` and .ci/run alike, so a newcomer and CI set up the same way.
+set -euo pipefail
+
+# program -> Debian package that provides it
+declare -A needs=(
+  [losetup]=mount
+  [blkid]=util-linux
+  [mount]=mount
+  [mkfs.ext4]=e2fsprogs
+  [resize2fs]=e2fsprogs
+  [mkfs.xfs]=xfsprogs
+  [xfs_growfs]=xfsprogs
+  [mkfs.btrfs]=btrfs-progs
+  [btrfs]=btrfs-progs
+  [truncate]=coreutils
+  [sha256sum]=coreutils
+)
+
+missing=()
+for prog in "${!needs[@]}"; do
+  if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$prog" >/dev/null 2>&1; then
+    missing+=("${needs[$prog]}")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+# unique package names
+mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "hack/install-deps.sh: missing packages ${pkgs[*]}; run as root (or: sudo apt-get install ${pkgs[*]})" >&2
+  exit 1
+fi
+echo "hack/install-deps.sh: installing ${pkgs[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+echo "hack/install-deps.sh: done"
