@@ -87,7 +87,7 @@ func TestFormatOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { teardown(t, c, v) })
+	t.Cleanup(func() { teardown(t, c, v, dir) })
 	if err := c.Attach(ctx, v); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestWrongFilesystemRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { teardown(t, c, v) })
+	t.Cleanup(func() { teardown(t, c, v, dir) })
 	if err := c.Attach(ctx, v); err != nil {
 		t.Fatal(err)
 	}
@@ -202,12 +202,13 @@ func wantCode(t *testing.T, what string, err error, code codes.Code, mention str
 	}
 }
 
-// teardown undoes whatever of the lifecycle a test reached. Every step is
-// idempotent, so it runs all of them.
-func teardown(t *testing.T, c *lifecycle.Client, v *lifecycle.Volume) {
+// teardown undoes whatever of the lifecycle a test reached: it unpublishes
+// every pod target ("volume") under root, then unstages, unpublishes and
+// deletes. Every step is idempotent, so it runs all of them.
+func teardown(t *testing.T, c *lifecycle.Client, v *lifecycle.Volume, root string) {
 	t.Helper()
 	ctx := context.Background()
-	_ = filepath.WalkDir(filepath.Dir(v.StagingPath), func(path string, d os.DirEntry, err error) error {
+	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 		if err == nil && d.Name() == "volume" {
 			if err := c.Unpublish(ctx, v, path); err != nil {
 				t.Errorf("teardown: %v", err)
@@ -264,4 +265,66 @@ func poolImages(t *testing.T, poolDir string) []string {
 func runOutput(name string, args ...string) (string, error) {
 	out, err := exec.Command(name, args...).Output()
 	return string(out), err
+}
+
+// TestBlockReadOnlyPublish: a read-only publish of a block volume gets a
+// read-only loop device of its own (a read-only bind of a writable device
+// node would not stop writes), which goes away with the publish; asking
+// for read-only where the volume is already published read-write is
+// refused without attaching anything.
+func TestBlockReadOnlyPublish(t *testing.T) {
+	harness.RequireRoot(t)
+	drv := harness.Start(t, harness.Options{})
+	dir := harness.TempDir(t)
+	harness.CheckNoLeaks(t, drv.PoolDir, dir)
+	ctx := context.Background()
+	c := lifecycle.NewClient(drv, nil)
+
+	v, err := c.Create(ctx, "pvc-block-ro", 64<<20, lifecycle.BlockCapability(), nil, filepath.Join(dir, "staging", "pv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teardown(t, c, v, dir) })
+	if err := c.Attach(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	rw, ro := filepath.Join(dir, "pod-rw", "volume"), filepath.Join(dir, "pod-ro", "volume")
+	if err := c.Publish(ctx, v, rw, false); err != nil {
+		t.Fatal(err)
+	}
+	p := lifecycle.NewPayload(64 << 10)
+	if err := lifecycle.Write(v, rw, p); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(harness.LoopDevicesUnder(drv.PoolDir)); n != 1 {
+		t.Fatalf("%d loop devices after the first publish, want 1", n)
+	}
+
+	err = c.Publish(ctx, v, rw, true)
+	wantCode(t, "read-only publish over a read-write one", err, codes.AlreadyExists, "read-only")
+	if n := len(harness.LoopDevicesUnder(drv.PoolDir)); n != 1 {
+		t.Fatalf("%d loop devices after a refused publish, want 1: the refusal leaked a device", n)
+	}
+
+	if err := c.Publish(ctx, v, ro, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(harness.LoopDevicesUnder(drv.PoolDir)); n != 2 {
+		t.Fatalf("%d loop devices with a read-only publish, want 2 (the staged one and a read-only view)", n)
+	}
+	if err := lifecycle.Check(v, ro, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := lifecycle.Write(v, ro, lifecycle.NewPayload(4096)); err == nil {
+		t.Fatal("a write through the read-only publish succeeded")
+	}
+	if err := lifecycle.Check(v, rw, p); err != nil {
+		t.Fatalf("after the refused write: %v", err)
+	}
+	if err := c.Unpublish(ctx, v, ro); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(harness.LoopDevicesUnder(drv.PoolDir)); n != 1 {
+		t.Fatalf("%d loop devices after the read-only publish ended, want 1", n)
+	}
 }

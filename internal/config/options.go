@@ -21,7 +21,7 @@ const (
 	ModeAll        Mode = "all"
 )
 
-// Serves reports whether the mode includes the controller or node service.
+// Controller and Node report whether the mode includes that service.
 func (m Mode) Controller() bool { return m == ModeController || m == ModeAll }
 func (m Mode) Node() bool       { return m == ModeNode || m == ModeAll }
 
@@ -89,7 +89,7 @@ func (o *Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--mode=%q: must be controller, node or all", o.Mode))
 	}
-	if o.Mode.Node() || o.Mode == ModeAll {
+	if o.Mode.Node() {
 		if err := ValidateNodeID(o.NodeID); err != nil {
 			errs = append(errs, fmt.Errorf("--node-id: %w", err))
 		}

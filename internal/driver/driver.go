@@ -186,8 +186,8 @@ func (d *Driver) registerNode(ctx context.Context) error {
 var umaskMu sync.Mutex
 
 // listenUnix listens on path: a stale socket left by a previous run is
-// removed (anything else at that path is an error), and the new socket is
-// created mode 0600 so only root can talk to the plugin.
+// removed (a live one, or anything else at that path, is an error), and the
+// new socket is created mode 0600 so only root can talk to the plugin.
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
@@ -195,6 +195,12 @@ func listenUnix(path string) (net.Listener, error) {
 	if st, err := os.Lstat(path); err == nil {
 		if st.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket; refusing to remove it", path)
+		}
+		// A socket somebody still accepts on is not stale: taking it over
+		// would cut a running plugin off from kubelet without a word.
+		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			conn.Close()
+			return nil, fmt.Errorf("%s is served by another running process; refusing to take it over", path)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("remove stale socket: %w", err)

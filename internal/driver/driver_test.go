@@ -89,6 +89,36 @@ func TestListenUnixReplacesStaleSocket(t *testing.T) {
 	}
 }
 
+// A socket another plugin still serves on is not stale: listenUnix must not
+// take it over, and the other plugin keeps working.
+func TestListenUnixRefusesLiveSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "csi.sock")
+	live, err := listenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeOnCleanup(t, live)
+	go func() {
+		for {
+			conn, err := live.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+
+	if lis, err := listenUnix(path); err == nil {
+		lis.Close()
+		t.Fatal("listenUnix took over a live socket")
+	} else if !strings.Contains(err.Error(), "another running process") {
+		t.Fatalf("error %q does not say the socket is in use", err)
+	}
+	if !canDial(path) {
+		t.Fatal("the live socket no longer accepts connections")
+	}
+}
+
 func TestListenUnixRefusesOtherFiles(t *testing.T) {
 	tests := []struct {
 		name  string

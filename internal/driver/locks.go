@@ -27,9 +27,13 @@ func (l *operationLocks) acquire(key, what string) (release func(), err error) {
 		return nil, errdefs.Busy("an operation on %s is already in progress", what)
 	}
 	l.held[key] = struct{}{}
+	// Once: a second release must not free the key for somebody else's operation.
+	var once sync.Once
 	return func() {
-		l.mu.Lock()
-		delete(l.held, key)
-		l.mu.Unlock()
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.held, key)
+			l.mu.Unlock()
+		})
 	}, nil
 }

@@ -54,6 +54,25 @@ func TestOperationLocks(t *testing.T) {
 
 // Of many callers racing for one key, exactly one gets it; the others are
 // refused rather than queued.
+// Releasing twice must not free the key for an operation that took it in between.
+func TestOperationLocksDoubleRelease(t *testing.T) {
+	l := newOperationLocks()
+	release, err := l.acquire("k", "thing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	second, err := l.acquire("k", "thing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second()
+	release() // a stray second call of the first release
+	if _, err := l.acquire("k", "thing"); err == nil {
+		t.Fatal("a repeated release freed a lock held by another operation")
+	}
+}
+
 func TestOperationLocksConcurrent(t *testing.T) {
 	t.Parallel()
 	l := newOperationLocks()

@@ -313,11 +313,11 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 	if err != nil {
 		return nil, err
 	}
-	stagingMount := topMount(mounts, staging)
+	resolvedStaging := node.Resolve(staging)
 	for i := range mounts {
 		m := &mounts[i]
-		if stagingMount != nil && m.ID == stagingMount.ID {
-			continue
+		if m.MountPoint == resolvedStaging {
+			continue // the staging mount itself (or a stack of them): Unmount below takes them all
 		}
 		if devs.filesystemMount(m) != nil || devs.deviceBind(m) != nil {
 			return nil, errdefs.Precondition("volume %s is still published at %s; unpublish it before unstaging", id, m.MountPoint)
@@ -441,7 +441,7 @@ func (s *nodeService) publishMount(ctx context.Context, id volumeid.ID, req *csi
 	return nil
 }
 
-func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability, devs volumeDevices) error {
+func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability, devs volumeDevices) (err error) {
 	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
 	rec, err := node.ReadStageRecord(staging)
 	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && rec.VolumeID != id.String()) {
@@ -459,6 +459,33 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 	if stagedDev == nil {
 		return errdefs.Precondition("device %s staged for volume %s is no longer attached; stage the volume again", rec.Device, id)
 	}
+	mounts, err := s.d.data.Mounts()
+	if err != nil {
+		return err
+	}
+	// A repeated publish is answered before anything is attached, so a
+	// refused one leaves no read-only view behind.
+	if tm := topMount(mounts, target); tm != nil {
+		major, minor, isDev, err := node.BlockDeviceAt(target)
+		if err != nil {
+			return err
+		}
+		published := devs.byNumber(major, minor)
+		if !isDev || published == nil {
+			return errdefs.Precondition("target_path %s already holds another mount (%s %s)", target, tm.FsType, tm.Source)
+		}
+		if published.ReadOnly != (readOnly || stagedDev.ReadOnly) {
+			return errdefs.AlreadyExists("volume %s is published at %s with read-only=%t; asked for read-only=%t", id, target, published.ReadOnly, readOnly)
+		}
+		return nil
+	}
+	if c.mode == backend.SingleNodeSingleWriter {
+		for i := range mounts {
+			if devs.deviceBind(&mounts[i]) != nil {
+				return errdefs.Precondition("volume %s is already published at %s; access mode %s allows one", id, mounts[i].MountPoint, c.mode)
+			}
+		}
+	}
 	source := stagedDev.Device
 	if readOnly && !source.ReadOnly {
 		// A read-only bind of a device node does not stop writes to the
@@ -470,35 +497,13 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 			return err
 		}
 		source = *ro
-	}
-	srcMajor, srcMinor, err := node.DeviceNumber(source.Path)
-	if err != nil {
-		return err
-	}
-
-	mounts, err := s.d.data.Mounts()
-	if err != nil {
-		return err
-	}
-	if tm := topMount(mounts, target); tm != nil {
-		major, minor, isDev, err := node.BlockDeviceAt(target)
-		if err != nil {
-			return err
-		}
-		if !isDev || devs.byNumber(major, minor) == nil {
-			return errdefs.Precondition("target_path %s already holds another mount (%s %s)", target, tm.FsType, tm.Source)
-		}
-		if major != srcMajor || minor != srcMinor {
-			return errdefs.AlreadyExists("volume %s is published at %s with read-only=%t; asked for read-only=%t", id, target, !readOnly, readOnly)
-		}
-		return nil
-	}
-	if c.mode == backend.SingleNodeSingleWriter {
-		for i := range mounts {
-			if devs.deviceBind(&mounts[i]) != nil {
-				return errdefs.Precondition("volume %s is already published at %s; access mode %s allows one", id, mounts[i].MountPoint, c.mode)
+		defer func() {
+			if err != nil {
+				if derr := inst.Attacher.Detach(ctx, id.Image, source.Path); derr != nil {
+					err = errors.Join(err, derr)
+				}
 			}
-		}
+		}()
 	}
 	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
 		return fmt.Errorf("create the directory of target_path: %w", err)
@@ -509,13 +514,9 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 	}
 	f.Close()
 	if err := s.d.data.BindMount(ctx, source.Path, target, readOnly); err != nil {
+		// Never leave a writable bind where a read-only one was asked for.
 		if uerr := s.d.data.Unmount(ctx, target); uerr != nil {
 			err = errors.Join(err, uerr)
-		}
-		if source.Path != stagedDev.Path {
-			if derr := inst.Attacher.Detach(ctx, id.Image, source.Path); derr != nil {
-				err = errors.Join(err, derr)
-			}
 		}
 		return err
 	}

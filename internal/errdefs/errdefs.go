@@ -78,10 +78,20 @@ func Unavailable(format string, args ...any) error {
 // none. The outermost wins because it is the most specific statement about
 // what went wrong: a "not found" deep inside a "precondition" was the reason
 // for the precondition, not the answer to the caller.
+//
+// A bare sentinel wrapped with fmt.Errorf("...: %w", ErrNotFound) counts too,
+// so an error built the ordinary Go way is not mistaken for an internal one.
 func KindOf(err error) error {
 	var ke *kindError
 	if errors.As(err, &ke) {
 		return ke.kind
 	}
+	for _, kind := range kinds {
+		if errors.Is(err, kind) {
+			return kind
+		}
+	}
 	return nil
 }
+
+var kinds = []error{ErrInvalidArgument, ErrNotFound, ErrAlreadyExists, ErrOutOfRange, ErrExhausted, ErrPrecondition, ErrBusy, ErrUnavailable}

@@ -24,3 +24,14 @@ func TestKindOfTakesOutermost(t *testing.T) {
 		t.Fatal("a plain error has no kind")
 	}
 }
+
+// An error built the ordinary Go way around a sentinel has that kind too.
+func TestKindOfPlainWrappedSentinel(t *testing.T) {
+	err := fmt.Errorf("look up image: %w", ErrNotFound)
+	if KindOf(err) != ErrNotFound {
+		t.Fatalf("KindOf(%v) = %v, want ErrNotFound", err, KindOf(err))
+	}
+	if KindOf(errors.New("plain")) != nil {
+		t.Fatal("a plain error has no kind")
+	}
+}

@@ -30,11 +30,20 @@ func (s Signature) String() string {
 	case s.PTType != "":
 		return "a " + s.PTType + " partition table"
 	case s.Usage == "filesystem":
-		return "an " + s.Type + " filesystem"
+		return article(s.Type) + " " + s.Type + " filesystem"
 	case s.Type != "":
 		return "a " + s.Type + " signature"
 	}
 	return "no signature"
+}
+
+// article is "an" before a vowel sound as the names are read (an ext4, an
+// xfs), "a" otherwise (a btrfs).
+func article(word string) string {
+	if word != "" && strings.ContainsRune("aeiouAEIOUx", rune(word[0])) {
+		return "an"
+	}
+	return "a"
 }
 
 // blkid exit statuses (blkid(8)).
@@ -118,6 +127,14 @@ func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (for
 	}
 	if req.ReadOnly {
 		return false, errdefs.Precondition("%s holds no filesystem and is attached read-only, so it cannot be formatted; publish it writable once first", req.Device)
+	}
+	// blkid also exits 2, silently, for a path that is no device at all or
+	// a device it could not read (a detached, zero-sized loop device); only
+	// a block device with a size was really probed and found blank.
+	if size, err := d.deviceSize(req.Device); err != nil {
+		return false, errdefs.Wrap(errdefs.ErrPrecondition, err, "refusing to format %s: it is not a usable block device", req.Device)
+	} else if size == 0 {
+		return false, errdefs.Precondition("refusing to format %s: the device has no size (is it still attached?)", req.Device)
 	}
 	args := append(append(append([]string{}, fs.mkfsArgs...), req.MkfsOptions...), req.Device)
 	// mkfs is not cut short when the caller gives up: a half-written

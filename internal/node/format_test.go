@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -371,6 +372,32 @@ func TestEnsureFilesystem(t *testing.T) {
 			}
 			if formatted != tc.wantFormatted {
 				t.Errorf("formatted = %v, want %v", formatted, tc.wantFormatted)
+			}
+		})
+	}
+}
+
+// blkid exits 2, silently, for paths it could not really probe (no such
+// device, a zero-sized detached loop device): such a "blank" must never
+// reach mkfs.
+func TestEnsureFilesystemRefusesWhatIsNoUsableDevice(t *testing.T) {
+	tests := []struct {
+		name string
+		size func(string) (int64, error)
+	}{
+		{"not a block device", func(p string) (int64, error) { return 0, fmt.Errorf("%s is not a block device", p) }},
+		{"zero-sized device", func(string) (int64, error) { return 0, nil }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := scriptedDataPath(t, blkid().Exits(2, "")) // and nothing after it: no mkfs
+			d.deviceSize = tc.size
+			formatted, err := d.EnsureFilesystem(context.Background(), FormatRequest{Device: testDev, Filesystem: mustFS(t, "ext4")})
+			if !errors.Is(err, errdefs.ErrPrecondition) || formatted {
+				t.Fatalf("formatted=%v err=%v, want a precondition failure and no mkfs", formatted, err)
+			}
+			if !strings.Contains(err.Error(), testDev) {
+				t.Fatalf("error %q does not name the device", err)
 			}
 		})
 	}

@@ -35,6 +35,7 @@ func scriptedDataPath(t *testing.T, steps ...*commandtest.Step) (*DataPath, *com
 	script := commandtest.New(t, steps...)
 	d := New(command.New(script, nil))
 	d.mountInfoPath = writeMountInfo(t, filepath.Join(t.TempDir(), "mountinfo"), "")
+	d.deviceSize = fakeDeviceSize
 	return d, script
 }
 
@@ -44,6 +45,7 @@ func hookedDataPath(t *testing.T, mountInfo string, before func(name string, arg
 	script := commandtest.New(t, steps...)
 	d := New(command.New(&hookedExec{Script: script, before: before}, nil))
 	d.mountInfoPath = mountInfo
+	d.deviceSize = fakeDeviceSize
 	return d, script
 }
 
@@ -54,3 +56,7 @@ func writeMountInfo(t *testing.T, path, content string) string {
 	}
 	return path
 }
+
+// fakeDeviceSize stands in for the sysfs lookup: the scripted devices
+// (/dev/loop3, ...) are 1 GiB block devices.
+func fakeDeviceSize(string) (int64, error) { return 1 << 30, nil }

@@ -20,11 +20,14 @@ import (
 type DataPath struct {
 	run           *command.Runner
 	mountInfoPath string
+	// deviceSize returns the size of the block device at a path, and fails
+	// for anything that is not a block device. Tests replace it.
+	deviceSize func(path string) (int64, error)
 }
 
 // New returns a DataPath running its commands through run.
 func New(run *command.Runner) *DataPath {
-	return &DataPath{run: run, mountInfoPath: "/proc/self/mountinfo"}
+	return &DataPath{run: run, mountInfoPath: "/proc/self/mountinfo", deviceSize: BlockDeviceSize}
 }
 
 // Mount is one entry of the mount table, with paths unescaped.

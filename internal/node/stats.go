@@ -22,7 +22,13 @@ func UsageOf(path string) (FilesystemUsage, error) {
 	if err := unix.Statfs(path, &st); err != nil {
 		return FilesystemUsage{}, fmt.Errorf("statfs %s: %w", path, err)
 	}
-	bs := int64(st.Bsize)
+	// statfs counts blocks in fragment-size units (f_frsize); on Linux it
+	// equals f_bsize for the filesystems Spindle makes, but Frsize is the
+	// one POSIX defines the counts in.
+	bs := int64(st.Frsize)
+	if bs == 0 {
+		bs = int64(st.Bsize)
+	}
 	return FilesystemUsage{
 		TotalBytes:      int64(st.Blocks) * bs,
 		UsedBytes:       int64(st.Blocks-st.Bfree) * bs,
@@ -45,6 +51,16 @@ func BlockDeviceAt(path string) (major, minor uint32, ok bool, err error) {
 		return 0, 0, false, nil
 	}
 	return unix.Major(st.Rdev), unix.Minor(st.Rdev), true, nil
+}
+
+// BlockDeviceSize returns the size of the block device node at path, or an
+// error when path is no block device.
+func BlockDeviceSize(path string) (int64, error) {
+	major, minor, err := DeviceNumber(path)
+	if err != nil {
+		return 0, err
+	}
+	return DeviceSizeBytes(major, minor)
 }
 
 // DeviceSizeBytes reads a block device's size from sysfs, without opening it.

@@ -142,10 +142,15 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		switch {
 		case err == nil && rec.State == stateReady:
 			if rec.Name != spec.Name {
-				return fmt.Errorf("image %s belongs to volume name %q, not %q", id, rec.Name, spec.Name)
+				return errdefs.AlreadyExists("image %s belongs to volume name %q, not %q", id, rec.Name, spec.Name)
 			}
 			if err := compatible(&rec.Image, spec); err != nil {
 				return err
+			}
+			// Answering "created" for a volume whose data is gone would
+			// hand Kubernetes an empty disk under a name it trusts.
+			if _, err := os.Stat(s.ImagePath(id)); err != nil {
+				return errdefs.Wrap(errdefs.ErrPrecondition, err, "volume %q exists in %s but its image file is missing; its data is gone, delete the volume", spec.Name, s.name)
 			}
 			out = rec.Image.Clone()
 			return nil

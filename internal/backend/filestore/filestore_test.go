@@ -567,10 +567,26 @@ func TestRecordOfAnotherName(t *testing.T) {
 	}
 	before := stat(t, s.metaPath("pvc-a"))
 	_, err = s.Create(ctx, blockSpec("pvc-a"))
-	if err == nil || !strings.Contains(err.Error(), "someone-else") || !strings.Contains(err.Error(), `"pvc-a"`) {
-		t.Fatalf("Create = %v; want a refusal naming both volume names", err)
-	}
+	wantKind(t, err, errdefs.ErrAlreadyExists, "someone-else", `"pvc-a"`)
 	if !os.SameFile(before, stat(t, s.metaPath("pvc-a"))) {
 		t.Fatal("the other volume's record was rewritten")
+	}
+}
+
+// A volume whose image file vanished is not "created" again: its data is
+// gone, and an empty replacement under the same name would hide that.
+func TestRepeatedCreateWithMissingImage(t *testing.T) {
+	s := newStore(t)
+	ctx := t.Context()
+	if _, err := s.Create(ctx, blockSpec("pvc-lost")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(s.ImagePath("pvc-lost")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Create(ctx, blockSpec("pvc-lost"))
+	wantKind(t, err, errdefs.ErrPrecondition, "pvc-lost", "missing")
+	if _, err := os.Stat(s.ImagePath("pvc-lost")); !os.IsNotExist(err) {
+		t.Fatalf("a new image was made in place of the lost one: %v", err)
 	}
 }
