@@ -19,6 +19,7 @@ import (
 // DataPath runs the node's filesystem and mount operations.
 type DataPath struct {
 	run           *command.Runner
+	kernel        kernelMounts
 	mountInfoPath string
 	// deviceSize returns the size of the block device at a path, and fails
 	// for anything that is not a block device. Tests replace it.
@@ -27,7 +28,7 @@ type DataPath struct {
 
 // New returns a DataPath running its commands through run.
 func New(run *command.Runner) *DataPath {
-	return &DataPath{run: run, mountInfoPath: "/proc/self/mountinfo", deviceSize: BlockDeviceSize}
+	return &DataPath{run: run, kernel: linuxMounts{}, mountInfoPath: "/proc/self/mountinfo", deviceSize: BlockDeviceSize}
 }
 
 // Mount is one entry of the mount table, with paths unescaped.
@@ -172,7 +173,7 @@ func (d *DataPath) MountDevice(ctx context.Context, dev, target, fsType string, 
 // BindMount makes source visible at target; readOnly remounts the bind
 // read-only, which the kernel only allows as a second step.
 func (d *DataPath) BindMount(ctx context.Context, source, target string, readOnly bool) error {
-	if _, err := d.run.Run(ctx, "mount", "--bind", source, target); err != nil {
+	if err := d.kernel.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s on %s: %w", source, target, err)
 	}
 	if readOnly {
@@ -181,9 +182,15 @@ func (d *DataPath) BindMount(ctx context.Context, source, target string, readOnl
 	return nil
 }
 
-// RemountReadOnly makes an existing bind mount read-only.
-func (d *DataPath) RemountReadOnly(ctx context.Context, target string) error {
-	if _, err := d.run.Run(ctx, "mount", "-o", "remount,bind,ro", target); err != nil {
+// RemountReadOnly makes an existing bind mount read-only, keeping its other
+// per-mount flags.
+func (d *DataPath) RemountReadOnly(_ context.Context, target string) error {
+	var st unix.Statfs_t
+	if err := d.kernel.Statfs(target, &st); err != nil {
+		return fmt.Errorf("make %s read-only: %w", target, err)
+	}
+	flags := unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY | perMountFlags(st.Flags)
+	if err := d.kernel.Mount("", target, "", flags, ""); err != nil {
 		return fmt.Errorf("make %s read-only: %w", target, err)
 	}
 	return nil
@@ -193,28 +200,24 @@ func (d *DataPath) RemountReadOnly(ctx context.Context, target string) error {
 // on one path means something else is mounting there.
 const maxStackedMounts = 8
 
-// Unmount removes every mount stacked at target. A path that is not
-// mounted, or does not exist, is fine.
-func (d *DataPath) Unmount(ctx context.Context, target string) error {
-	for i := 0; i < maxStackedMounts; i++ {
-		m, err := d.MountAt(target)
-		if err != nil {
-			return err
-		}
-		if m == nil {
+// Unmount removes every mount stacked at target, top first, until the
+// kernel says nothing is mounted there (EINVAL). A path that is not
+// mounted, or does not exist, is fine; a busy mount is a precondition
+// failure, since unmounting it lazily would hide a device still in use.
+func (d *DataPath) Unmount(_ context.Context, target string) error {
+	for unmounted := 0; ; unmounted++ {
+		err := d.kernel.Unmount(target, 0)
+		switch {
+		case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT):
 			return nil
-		}
-		if _, err := d.run.Run(ctx, "umount", m.MountPoint); err != nil {
-			if strings.Contains(command.Stderr(err), "not mounted") {
-				continue
-			}
-			if strings.Contains(command.Stderr(err), "target is busy") {
-				return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s is still in use", target)
-			}
-			return err
+		case errors.Is(err, unix.EBUSY):
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s is still in use", target)
+		case err != nil:
+			return fmt.Errorf("unmount %s: %w", target, err)
+		case unmounted == maxStackedMounts:
+			return fmt.Errorf("%s is still mounted after %d unmounts", target, maxStackedMounts+1)
 		}
 	}
-	return fmt.Errorf("%s is still mounted after %d unmounts", target, maxStackedMounts)
 }
 
 // RemoveMountPoint removes a target directory or file once nothing is mounted on it.

@@ -8,8 +8,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -43,7 +44,6 @@ func TestUnescapeOctal(t *testing.T) {
 type mountTable struct {
 	t     *testing.T
 	path  string
-	mu    sync.Mutex
 	lines []string
 }
 
@@ -55,14 +55,6 @@ func newMountTable(t *testing.T, lines ...string) *mountTable {
 
 func (m *mountTable) write() {
 	writeMountInfo(m.t, m.path, strings.Join(m.lines, "\n")+"\n")
-}
-
-// popTop removes the last (top-most) entry, as a successful umount would.
-func (m *mountTable) popTop() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.lines = m.lines[:len(m.lines)-1]
-	m.write()
 }
 
 const rootMount = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro"
@@ -165,117 +157,58 @@ func TestMountsUnreadable(t *testing.T) {
 	}
 }
 
-// umountResult is one scripted umount: how it exits, and whether the layer
-// on top is gone from the mount table afterwards.
-type umountResult struct {
-	stderr string // empty: success
-	popped bool
-}
-
-var umountOK = umountResult{popped: true}
-
 func TestUnmount(t *testing.T) {
+	const target = "/pods/uid/volumes/kubernetes.io~csi/pv/mount"
 	tests := []struct {
-		name string
-		// layers are stacked at the target, bottom first; %s is the target.
-		layers   []string
-		umounts  []umountResult
-		wantKind error
-		wantErr  []string
+		name      string
+		stacked   int
+		fail      error // the first unmount fails with this
+		wantCalls int
+		wantKind  error
+		wantErr   []string
 	}{
-		{
-			name: "not mounted: nothing runs",
-		},
-		{
-			name:    "one mount",
-			layers:  []string{"7:3 / %s rw - ext4 /dev/loop3 rw"},
-			umounts: []umountResult{umountOK},
-		},
-		{
-			name:    "stacked mounts: one umount per layer",
-			layers:  []string{"7:3 / %s rw - ext4 /dev/loop3 rw", "7:3 / %s rw - ext4 /dev/loop3 rw", "0:45 / %s rw - tmpfs tmpfs rw"},
-			umounts: []umountResult{umountOK, umountOK, umountOK},
-		},
-		{
-			// Someone else unmounted it between our read and our umount.
-			name:    "umount says not mounted: tolerated",
-			layers:  []string{"7:3 / %s rw - ext4 /dev/loop3 rw"},
-			umounts: []umountResult{{stderr: "umount: %s: not mounted.", popped: true}},
-		},
-		{
-			name:     "target is busy: precondition",
-			layers:   []string{"7:3 / %s rw - ext4 /dev/loop3 rw", "7:3 / %s rw - ext4 /dev/loop3 rw"},
-			umounts:  []umountResult{{stderr: "umount: %s: target is busy."}},
-			wantKind: errdefs.ErrPrecondition,
-			wantErr:  []string{"still in use", "target is busy"},
-		},
-		{
-			name:    "other umount failure: error with stderr",
-			layers:  []string{"7:3 / %s rw - ext4 /dev/loop3 rw"},
-			umounts: []umountResult{{stderr: "umount: %s: must be superuser to unmount."}},
-			wantErr: []string{"must be superuser"},
-		},
-		{
-			name:    "a mount that never goes away: bounded",
-			layers:  []string{"7:3 / %s rw - ext4 /dev/loop3 rw"},
-			umounts: slices.Repeat([]umountResult{{}}, maxStackedMounts),
-			wantErr: []string{"still mounted after 8 unmounts"},
-		},
+		{name: "not mounted: one call, fine", wantCalls: 1},
+		{name: "one mount", stacked: 1, wantCalls: 2},
+		{name: "stacked mounts: one unmount per layer", stacked: 3, wantCalls: 4},
+		{name: "busy: precondition, nothing forced", stacked: 2, fail: unix.EBUSY, wantCalls: 1, wantKind: errdefs.ErrPrecondition, wantErr: []string{"still in use", target}},
+		{name: "path gone: fine", fail: unix.ENOENT, wantCalls: 1},
+		{name: "other failure: error names the target", stacked: 1, fail: unix.EPERM, wantCalls: 1, wantErr: []string{"unmount " + target, "operation not permitted"}},
+		{name: "a stack that never ends: bounded", stacked: 100, wantCalls: maxStackedMounts + 1, wantErr: []string{"still mounted after"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			// A space in the name: umount must get the unescaped path.
-			target := realDir(t, "pod vol")
-			lines := []string{rootMount, "50 22 0:30 / /unrelated rw - tmpfs tmpfs rw"}
-			for i, l := range tc.layers {
-				lines = append(lines, fmt.Sprintf("%d 22 ", 100+i)+fmt.Sprintf(l, escape(target)))
+			d, _ := scriptedDataPath(t) // no commands at all
+			k := d.kernel.(*FakeKernelMounts)
+			k.Stacked[target] = tc.stacked
+			if tc.fail != nil {
+				k.Fail["unmount "+target] = tc.fail
 			}
-			table := newMountTable(t, lines...)
-
-			var steps []*commandtest.Step
-			for _, u := range tc.umounts {
-				st := commandtest.Expect("umount", target)
-				if u.stderr != "" {
-					st.Exits(32, fmt.Sprintf(u.stderr, target))
-				}
-				steps = append(steps, st)
-			}
-			n := 0
-			d, script := hookedDataPath(t, table.path, func(name string, args []string) {
-				if name == "umount" && n < len(tc.umounts) {
-					if tc.umounts[n].popped {
-						table.popTop()
-					}
-					n++
-				}
-			}, steps...)
-
 			err := d.Unmount(context.Background(), target)
+			if got := len(k.Calls); got != tc.wantCalls {
+				t.Errorf("%d unmount calls (%v), want %d", got, k.Calls, tc.wantCalls)
+			}
 			if tc.wantKind == nil && len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatalf("Unmount: %v", err)
 				}
-				if m, _ := d.MountAt(target); m != nil {
-					t.Errorf("still mounted after Unmount: %+v", m)
+				if k.Stacked[target] != 0 {
+					t.Errorf("%d mounts left at the target", k.Stacked[target])
 				}
-			} else {
-				if err == nil {
-					t.Fatal("Unmount succeeded, want an error")
-				}
-				if tc.wantKind != nil && !errors.Is(err, tc.wantKind) {
-					t.Errorf("error %q is not of kind %q", err, tc.wantKind)
-				}
-				if tc.wantKind == nil && errors.Is(err, errdefs.ErrPrecondition) {
-					t.Errorf("error %q must not be a precondition failure", err)
-				}
-				for _, s := range tc.wantErr {
-					if !strings.Contains(err.Error(), s) {
-						t.Errorf("error %q does not mention %q", err, s)
-					}
-				}
+				return
 			}
-			if got := len(script.Ran()); got != len(tc.umounts) {
-				t.Errorf("%d umounts ran, want %d", got, len(tc.umounts))
+			if err == nil {
+				t.Fatal("Unmount succeeded, want an error")
+			}
+			if tc.wantKind != nil && !errors.Is(err, tc.wantKind) {
+				t.Errorf("error %q is not of kind %q", err, tc.wantKind)
+			}
+			if tc.wantKind == nil && errors.Is(err, errdefs.ErrPrecondition) {
+				t.Errorf("error %q must not be a precondition failure", err)
+			}
+			for _, s := range tc.wantErr {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not mention %q", err, s)
+				}
 			}
 		})
 	}
@@ -283,45 +216,47 @@ func TestUnmount(t *testing.T) {
 
 func TestBindMount(t *testing.T) {
 	const src, dst = "/staging/globalmount", "/pods/uid/volumes/kubernetes.io~csi/pv/mount"
+	// A read-only remount must keep the bind's other per-mount flags.
+	const keptFlags = unix.ST_NOSUID | unix.ST_NODEV | unix.ST_RELATIME
+	roFlags := fmt.Sprintf("remount-ro %s flags=%#x", dst, unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_RELATIME)
 	tests := []struct {
-		name     string
-		readOnly bool
-		steps    []*commandtest.Step
-		wantErr  []string
+		name      string
+		readOnly  bool
+		fail      map[string]error
+		wantCalls []string
+		wantErr   []string
 	}{
+		{name: "read-write: one bind", wantCalls: []string{"bind " + src + " " + dst}},
 		{
-			name:  "read-write: one bind",
-			steps: []*commandtest.Step{commandtest.Expect("mount", "--bind", src, dst)},
+			// The kernel ignores MS_RDONLY on the bind itself; it takes a remount.
+			name: "read-only: bind, then remount read-only keeping nosuid,nodev,relatime", readOnly: true,
+			wantCalls: []string{"bind " + src + " " + dst, roFlags},
 		},
 		{
-			// The kernel ignores "ro" on the bind itself; it takes a remount.
-			name:     "read-only: bind, then remount read-only",
-			readOnly: true,
-			steps: []*commandtest.Step{
-				commandtest.Expect("mount", "--bind", src, dst),
-				commandtest.Expect("mount", "-o", "remount,bind,ro", dst),
-			},
+			name: "bind fails: no remount", readOnly: true,
+			fail:      map[string]error{"bind " + src + " " + dst: unix.ENOENT},
+			wantCalls: []string{"bind " + src + " " + dst},
+			wantErr:   []string{"bind " + src + " on " + dst, "no such file"},
 		},
 		{
-			name:     "bind fails: no remount",
-			readOnly: true,
-			steps:    []*commandtest.Step{commandtest.Expect("mount", "--bind", src, dst).Exits(32, "mount: "+dst+": special device "+src+" does not exist.")},
-			wantErr:  []string{"bind " + src + " on " + dst, "does not exist"},
-		},
-		{
-			name:     "remount fails: error names the target",
-			readOnly: true,
-			steps: []*commandtest.Step{
-				commandtest.Expect("mount", "--bind", src, dst),
-				commandtest.Expect("mount", "-o", "remount,bind,ro", dst).Exits(32, "mount: "+dst+": permission denied."),
-			},
-			wantErr: []string{"make " + dst + " read-only", "permission denied"},
+			name: "remount fails: error names the target", readOnly: true,
+			fail:      map[string]error{roFlags: unix.EACCES},
+			wantCalls: []string{"bind " + src + " " + dst, roFlags},
+			wantErr:   []string{"make " + dst + " read-only", "permission denied"},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t, tc.steps...)
+			d, _ := scriptedDataPath(t)
+			k := d.kernel.(*FakeKernelMounts)
+			k.StatfsFlags = keptFlags
+			for call, err := range tc.fail {
+				k.Fail[call] = err
+			}
 			err := d.BindMount(context.Background(), src, dst, tc.readOnly)
+			if !slices.Equal(k.Calls, tc.wantCalls) {
+				t.Errorf("calls:\n got  %q\n want %q", k.Calls, tc.wantCalls)
+			}
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatal(err)
