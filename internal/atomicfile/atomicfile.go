@@ -15,7 +15,20 @@ import (
 const TempPrefix = ".tmp-"
 
 // Write replaces path with data, atomically and durably.
-func Write(path string, data []byte, perm os.FileMode) (err error) {
+func Write(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// WriteVolatile replaces path with data atomically but without fsync: a
+// crash of the process leaves the old content or the new one, a power loss
+// may leave either or, rarely, an empty file. It is for records of state
+// that a power loss wipes out anyway (mounts, attached devices), whose
+// readers treat an unreadable record as a missing one.
+func WriteVolatile(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+func write(path string, data []byte, perm os.FileMode, durable bool) (err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -36,14 +49,19 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 	if _, err = tmp.Write(data); err != nil {
 		return err
 	}
-	if err = tmp.Sync(); err != nil {
-		return err
+	if durable {
+		if err = tmp.Sync(); err != nil {
+			return err
+		}
 	}
 	if err = tmp.Close(); err != nil {
 		return err
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return SyncDir(dir)
 }

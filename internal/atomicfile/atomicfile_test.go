@@ -63,3 +63,27 @@ func TestRemoveMissingIsNotAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestWriteVolatileReplacesAndLeavesNoTemp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "record.json")
+	for _, content := range []string{"first", "second"} {
+		if err := WriteVolatile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != content {
+			t.Fatalf("content = %q, %v; want %q", got, err, content)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 {
+		t.Fatalf("directory holds %d entries, want only the record", len(entries))
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v; want 0600", fi.Mode(), err)
+	}
+}

@@ -2,7 +2,6 @@ package node
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -11,9 +10,13 @@ import (
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-// StageRecord is written beside the staging path when a volume is staged, so
-// that NodeUnstageVolume knows what to undo after a plugin restart or a node
-// reboot, when the mount (and perhaps the device) is gone.
+// StageRecord is written beside the staging path when a volume is staged. It
+// says which device was staged for the volume, which is how a block publish
+// finds it and how operators see what a staging path holds. It describes
+// state a power loss wipes out (mounts, attached devices), so it is written
+// atomically but not synced, and an unreadable record counts as a missing
+// one; NodeUnstageVolume itself never needs it, since it finds the volume's
+// devices and mounts from the kernel.
 type StageRecord struct {
 	Version    int       `json:"version"`
 	VolumeID   string    `json:"volumeID"`
@@ -47,7 +50,7 @@ func WriteStageRecord(stagingPath string, rec StageRecord) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(StageRecordPath(stagingPath), append(data, '\n'), 0o600)
+	return atomicfile.WriteVolatile(StageRecordPath(stagingPath), append(data, '\n'), 0o600)
 }
 
 // ReadStageRecord returns the record of stagingPath, or ErrNotFound.
@@ -62,12 +65,15 @@ func ReadStageRecord(stagingPath string) (*StageRecord, error) {
 	}
 	var rec StageRecord
 	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, fmt.Errorf("stage record %s is corrupt: %w", path, err)
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "stage record %s is unreadable (written when the node lost power?)", path)
 	}
 	return &rec, nil
 }
 
 // RemoveStageRecord deletes the record of stagingPath; a missing one is fine.
 func RemoveStageRecord(stagingPath string) error {
-	return atomicfile.Remove(StageRecordPath(stagingPath))
+	if err := os.Remove(StageRecordPath(stagingPath)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
 }
