@@ -10,11 +10,12 @@
 //
 // Every metadata change happens under the pool lock, which is an flock and so
 // works between the controller and node plugins sharing the directory.
-// Creation writes the metadata first (state "creating"), then the image, then
-// the metadata again (state "ready"); deletion removes the metadata first and
-// the image second. So an image file without metadata is always the leftover
-// of an interrupted delete and a "creating" record the leftover of an
-// interrupted create; both are cleaned up when the ID is next used.
+// Creation makes the image first and writes its metadata last; deletion
+// removes the metadata first and the image second. The metadata is what
+// makes a volume exist, so an image file without metadata is always the
+// leftover of an interrupted create or delete. Such leftovers (and records
+// in the state "creating", which earlier versions wrote first) are removed
+// when the ID is next used and whenever a Store is opened.
 package filestore
 
 import (
@@ -95,7 +96,49 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
-	return &Store{dir: dir, name: opts.Name, max: opts.MaxProvisionedBytes}, nil
+	st := &Store{dir: dir, name: opts.Name, max: opts.MaxProvisionedBytes}
+	ctx, cancel := context.WithTimeout(context.Background(), defaultLockWait)
+	defer cancel()
+	if err := st.withLock(ctx, st.sweep); err != nil {
+		return nil, fmt.Errorf("clean up pool %s: %w", dir, err)
+	}
+	return st, nil
+}
+
+// sweep removes what interrupted creates and deletes left: image files
+// without metadata, records that never became ready, and temporary files.
+// It runs under the pool lock, which every create and delete holds from
+// start to end, so nothing it removes is in use.
+func (s *Store) sweep() error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		switch {
+		case strings.HasPrefix(name, atomicfile.TempPrefix):
+			errs = append(errs, removeIfExists(filepath.Join(s.dir, name)))
+		case strings.HasSuffix(name, imageSuffix):
+			id := strings.TrimSuffix(name, imageSuffix)
+			rec, err := s.read(id)
+			switch {
+			case errors.Is(err, errdefs.ErrNotFound):
+				errs = append(errs, removeIfExists(s.ImagePath(id)))
+			case err == nil && rec.State != stateReady:
+				errs = append(errs, s.removeFiles(id))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeIfExists(path string) error {
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
 }
 
 // Dir is the resolved pool directory.
@@ -192,11 +235,8 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	return out, err
 }
 
-// allocate writes the creating record, the sparse file and the ready record.
+// allocate makes the sparse file, durably, then the record that makes it a volume.
 func (s *Store) allocate(img *backend.Image) error {
-	if err := s.write(&record{State: stateCreating, Image: *img}); err != nil {
-		return spaceError(err, "write metadata of %s", img.ID)
-	}
 	f, err := os.OpenFile(s.ImagePath(img.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return spaceError(err, "create image %s", img.ID)

@@ -195,28 +195,19 @@ func (a *Attacher) device(img *backend.Image, d LoopDevice) *backend.Device {
 }
 
 func (a *Attacher) lookup(ctx context.Context, devPath string) (*LoopDevice, error) {
-	all, err := a.loops.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for i := range all {
-		if all[i].Path == devPath {
-			return &all[i], nil
-		}
-	}
-	return nil, errdefs.NotFound("loop device %s is not bound", devPath)
+	return a.loops.Get(ctx, devPath)
 }
 
 // devicesOf lists the loop devices bound to path; with deleted, also those
 // still bound to an unlinked file of that name.
 func (a *Attacher) devicesOf(ctx context.Context, path string, deleted bool) ([]LoopDevice, error) {
-	all, err := a.loops.List(ctx)
+	all, err := a.loops.BoundTo(ctx, path)
 	if err != nil {
 		return nil, err
 	}
-	var out []LoopDevice
+	out := all[:0]
 	for _, d := range all {
-		if d.BackingFile == path && (deleted || !d.Deleted) {
+		if deleted || !d.Deleted {
 			out = append(out, d)
 		}
 	}

@@ -69,15 +69,28 @@ func (f *FakeLoopDevices) Close(dev string) {
 	}
 }
 
-func (f *FakeLoopDevices) List(context.Context) ([]LoopDevice, error) {
+func (f *FakeLoopDevices) BoundTo(_ context.Context, file string) ([]LoopDevice, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]LoopDevice, 0, len(f.Devices))
+	var out []LoopDevice
 	for _, d := range f.Devices {
-		out = append(out, *d)
+		if d.BackingFile == file {
+			out = append(out, *d)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
+}
+
+func (f *FakeLoopDevices) Get(_ context.Context, dev string) (*LoopDevice, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.Devices[dev]
+	if !ok {
+		return nil, errdefs.NotFound("loop device %s is not bound", dev)
+	}
+	c := *d
+	return &c, nil
 }
 
 func (f *FakeLoopDevices) InUse(dev string) (bool, error) {

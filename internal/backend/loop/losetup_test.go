@@ -97,7 +97,7 @@ func TestLosetupDetach(t *testing.T) {
 }
 
 // TestLosetupList reads a sysfs tree laid out like the kernel's.
-func TestLosetupList(t *testing.T) {
+func TestLosetupBoundToAndGet(t *testing.T) {
 	sys := t.TempDir()
 	write := func(rel, content string) {
 		p := filepath.Join(sys, rel)
@@ -116,17 +116,44 @@ func TestLosetupList(t *testing.T) {
 	write("block/loop2/ro", "0\n") // not bound: no loop/ directory
 	write("block/sda/ro", "0\n")   // not a loop device
 
+	write("block/loop0/loop/autoclear", "0\n")
+	write("block/loop3/loop/backing_file", "/pool/a.img\n") // a second device of a.img
+	write("block/loop3/ro", "1\n")
+	write("block/loop3/loop/autoclear", "0\n")
+
 	l := &losetup{sysRoot: sys, devRoot: "/dev"}
-	got, err := l.List(t.Context())
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		file string
+		want []LoopDevice
+	}{
+		{"/pool/a.img", []LoopDevice{
+			{Path: "/dev/loop0", BackingFile: "/pool/a.img"},
+			{Path: "/dev/loop3", BackingFile: "/pool/a.img", ReadOnly: true},
+		}},
+		// The kernel's " (deleted)" suffix is not part of the name.
+		{"/pool/with space.img", []LoopDevice{
+			{Path: "/dev/loop1", BackingFile: "/pool/with space.img", Deleted: true, ReadOnly: true, AutoClear: true},
+		}},
+		{"/pool/other.img", nil},
 	}
-	want := []LoopDevice{
-		{Path: "/dev/loop0", BackingFile: "/pool/a.img"},
-		{Path: "/dev/loop1", BackingFile: "/pool/with space.img", Deleted: true, ReadOnly: true, AutoClear: true},
+	for _, tc := range tests {
+		got, err := l.BoundTo(t.Context(), tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("BoundTo(%s) = %+v\nwant %+v", tc.file, got, tc.want)
+		}
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("List = %+v\nwant   %+v", got, want)
+
+	d, err := l.Get(t.Context(), "/dev/loop1")
+	if err != nil || d.BackingFile != "/pool/with space.img" || !d.Deleted || !d.ReadOnly || !d.AutoClear {
+		t.Errorf("Get(/dev/loop1) = %+v, %v", d, err)
+	}
+	for dev, kind := range map[string]error{"/dev/loop2": errdefs.ErrNotFound, "/dev/sda": errdefs.ErrInvalidArgument, "/tmp/loop0": errdefs.ErrInvalidArgument} {
+		if _, err := l.Get(t.Context(), dev); errdefs.KindOf(err) != kind {
+			t.Errorf("Get(%s) = %v, want kind %v", dev, err, kind)
+		}
 	}
 }
 
