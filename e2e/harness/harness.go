@@ -160,6 +160,9 @@ func StartProcess(o ProcessOptions) (*Driver, error) {
 		"--log-level="+o.LogLevel,
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// A harness killed before it could stop the driver takes the driver
+	// with it, so no orphaned plugin keeps serving a removed work dir.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", o.Binary, err)
 	}

@@ -224,14 +224,16 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 // (a retried NodeStageVolume). A dead mount there is cleaned up so the stage
 // can be redone; a mount of anything else is refused.
 func (s *nodeService) alreadyStaged(ctx context.Context, inst *backend.Instance, id volumeid.ID, staging string, c capability) (bool, error) {
-	devs, err := s.devicesOf(ctx, inst, id)
-	if err != nil {
-		return false, err
-	}
+	// The volume's devices are listed only when something is there to
+	// check against them: a first stage skips the scan.
 	if c.accessType == backend.AccessBlock {
 		rec, err := node.ReadStageRecord(staging)
 		if err != nil || rec.VolumeID != id.String() {
 			return false, nil
+		}
+		devs, err := s.devicesOf(ctx, inst, id)
+		if err != nil {
+			return false, err
 		}
 		for _, d := range devs {
 			if d.Path == rec.Device {
@@ -254,6 +256,10 @@ func (s *nodeService) alreadyStaged(ctx context.Context, inst *backend.Instance,
 	}
 	m, err := s.d.data.MountAt(staging)
 	if err != nil || m == nil {
+		return false, err
+	}
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
 		return false, err
 	}
 	if devs.filesystemMount(m) == nil {
