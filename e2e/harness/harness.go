@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spindle-csi/spindle/internal/testutil"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -55,36 +57,12 @@ type Options struct {
 	Logger *zap.Logger
 }
 
-// RequireRoot skips t, saying why, unless the test runs as root: the tests
-// bind real loop devices and mount real filesystems.
-func RequireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: binds real loop devices and mounts real filesystems (run `sudo make test`)")
-	}
-}
-
-// RequireCommands skips t, naming what is missing, unless every command is
-// on PATH. hack/install-deps.sh installs them all.
-func RequireCommands(t testing.TB, names ...string) {
-	t.Helper()
-	var missing []string
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) > 0 {
-		t.Skipf("missing %s: run hack/install-deps.sh", strings.Join(missing, ", "))
-	}
-}
-
 // Start runs a driver in this process (mode all) on a temporary socket and
 // pool, and stops it, checking for leaks, when the test ends.
 func Start(t testing.TB, o Options) *Driver {
 	t.Helper()
-	RequireRoot(t)
-	RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
+	testutil.RequireRoot(t, "bind real loop devices and mount real filesystems")
+	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
 	dir := TempDir(t)
 	if o.PoolDir == "" {
 		o.PoolDir = filepath.Join(dir, "pool")

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spindle-csi/spindle/internal/testutil"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,8 +38,7 @@ func TestFullLifecycle(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			harness.RequireRoot(t)
-			harness.RequireCommands(t, tt.programs...)
+			testutil.RequireCommands(t, tt.programs...)
 			drv := harness.Start(t, harness.Options{})
 			dir := harness.TempDir(t)
 			harness.CheckNoLeaks(t, drv.PoolDir, dir)
@@ -75,8 +76,7 @@ func TestFullLifecycle(t *testing.T) {
 // filesystem made at the first stage is the one found at the second (same
 // UUID), and the image store records it as formatted.
 func TestFormatOnce(t *testing.T) {
-	harness.RequireRoot(t)
-	harness.RequireCommands(t, "mkfs.ext4", "blkid")
+	testutil.RequireCommands(t, "mkfs.ext4", "blkid")
 	drv := harness.Start(t, harness.Options{})
 	dir := harness.TempDir(t)
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)
@@ -111,8 +111,7 @@ func TestFormatOnce(t *testing.T) {
 // for ext4, is refused with a clear error, nothing is mounted or left
 // attached, and its data is untouched.
 func TestWrongFilesystemRefused(t *testing.T) {
-	harness.RequireRoot(t)
-	harness.RequireCommands(t, "mkfs.xfs")
+	testutil.RequireCommands(t, "mkfs.xfs")
 	drv := harness.Start(t, harness.Options{})
 	dir := harness.TempDir(t)
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)
@@ -273,7 +272,6 @@ func runOutput(name string, args ...string) (string, error) {
 // for read-only where the volume is already published read-write is
 // refused without attaching anything.
 func TestBlockReadOnlyPublish(t *testing.T) {
-	harness.RequireRoot(t)
 	drv := harness.Start(t, harness.Options{})
 	dir := harness.TempDir(t)
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)

@@ -279,3 +279,28 @@ func fileUnchanged(t *testing.T, path string, data []byte) {
 		t.Fatalf("%s changed: %q, want %q", path, got, data)
 	}
 }
+
+// volumeRPC is one RPC that takes a volume ID, called with just that ID.
+type volumeRPC struct {
+	name string
+	call func(id string) error
+}
+
+// nodeRPCs are the four node RPCs that take a volume ID, each with a
+// request that is valid but for the ID.
+func (e *testEnv) nodeRPCs(stage, target string) []volumeRPC {
+	return []volumeRPC{
+		{"NodeStageVolume", func(id string) error {
+			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodeUnstageVolume", func(id string) error {
+			return e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})
+		}},
+		{"NodePublishVolume", func(id string) error {
+			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stage, TargetPath: target, VolumeCapability: mountCap("ext4", snw)})
+		}},
+		{"NodeUnpublishVolume", func(id string) error {
+			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+		}},
+	}
+}

@@ -212,23 +212,7 @@ func TestNodeOperationsAbortWhileVolumeBusy(t *testing.T) {
 	dir := t.TempDir()
 	stage, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
 
-	calls := []struct {
-		name string
-		call func(id string) error
-	}{
-		{"NodeStageVolume", func(id string) error {
-			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: mountCap("ext4", snw)})
-		}},
-		{"NodeUnstageVolume", func(id string) error {
-			return e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})
-		}},
-		{"NodePublishVolume", func(id string) error {
-			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stage, TargetPath: target, VolumeCapability: mountCap("ext4", snw)})
-		}},
-		{"NodeUnpublishVolume", func(id string) error {
-			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-		}},
-	}
+	calls := e.nodeRPCs(stage, target)
 	for _, c := range calls {
 		t.Run(c.name, func(t *testing.T) {
 			wantCode(t, c.call(busy), codes.Aborted, "volume "+busy, "already in progress")

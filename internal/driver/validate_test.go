@@ -97,10 +97,7 @@ func TestVolumeIDValidation(t *testing.T) {
 	e := newTestEnv(t)
 	e.registerNodes(t, defaultKey, testNodeID)
 	stage, target := "/var/lib/kubelet/plugins/staging/x", "/var/lib/kubelet/pods/p/volumes/x/mount"
-	rpcs := []struct {
-		name string
-		call func(id string) error
-	}{
+	rpcs := []volumeRPC{
 		{"ControllerPublishVolume", func(id string) error {
 			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: testNodeID, VolumeCapability: mountCap("ext4", snw)})
 			return err
@@ -110,23 +107,12 @@ func TestVolumeIDValidation(t *testing.T) {
 			_, err := e.ValidateVolumeCapabilities(&csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{mountCap("ext4", snw)}})
 			return err
 		}},
-		{"NodeStageVolume", func(id string) error {
-			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: mountCap("ext4", snw)})
-		}},
-		{"NodeUnstageVolume", func(id string) error {
-			return e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})
-		}},
-		{"NodePublishVolume", func(id string) error {
-			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stage, TargetPath: target, VolumeCapability: mountCap("ext4", snw)})
-		}},
-		{"NodeUnpublishVolume", func(id string) error {
-			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-		}},
 		{"NodeGetVolumeStats", func(id string) error {
 			_, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
 			return err
 		}},
 	}
+	rpcs = append(rpcs, e.nodeRPCs(stage, target)...)
 	ids := []struct {
 		name, id string
 		want     []string

@@ -18,7 +18,6 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,32 +25,14 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/testutil"
+
 	"golang.org/x/sys/unix"
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root to attach loop devices and mount them")
-	}
-}
-
-func requirePrograms(t *testing.T, names ...string) {
-	t.Helper()
-	var missing []string
-	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) > 0 {
-		t.Skipf("skipped: %s not found in PATH (hack/install-deps.sh installs it)", strings.Join(missing, ", "))
-	}
-}
 
 // ranLog records the commands a real Runner ran, as "name arg...".
 type ranLog struct {
@@ -189,11 +170,11 @@ var realFilesystems = []struct {
 // stage (whether the store knows about the format or not) only mounts, and
 // the data written in between survives.
 func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
-	requireRoot(t)
-	requirePrograms(t, "losetup", "blkid", "mount", "umount")
+	testutil.RequireRoot(t, "attach loop devices and mount them")
+	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount")
 	for _, tc := range realFilesystems {
 		t.Run(tc.name, func(t *testing.T) {
-			requirePrograms(t, "mkfs."+tc.name)
+			testutil.RequireCommands(t, "mkfs."+tc.name)
 			ctx := context.Background()
 			d, ran := realDataPath()
 			dev, _ := loopDevice(t, tc.size)
@@ -302,8 +283,8 @@ func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
 // A device holding xfs, staged as ext4 (or btrfs), is refused and left
 // exactly as it was.
 func TestRealRefusesOtherFilesystem(t *testing.T) {
-	requireRoot(t)
-	requirePrograms(t, "losetup", "blkid", "mount", "umount", "mkfs.xfs")
+	testutil.RequireRoot(t, "attach loop devices and mount them")
+	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.xfs")
 	ctx := context.Background()
 	d, ran := realDataPath()
 	dev, file := loopDevice(t, 512*mib)
@@ -415,8 +396,8 @@ func writeGPT(f *os.File, sectors int64) error {
 
 // A device holding a partition table is refused and left untouched.
 func TestRealRefusesPartitionTable(t *testing.T) {
-	requireRoot(t)
-	requirePrograms(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
+	testutil.RequireRoot(t, "attach loop devices and mount them")
+	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
 	const size = 64 * mib
 	tests := []struct {
 		name   string
@@ -482,10 +463,10 @@ func TestRealRefusesPartitionTable(t *testing.T) {
 // filesystem, so that a change to the mkfs arguments (a size, -f) cannot
 // turn a missing device into a new image file.
 func TestRealStageOfMissingDeviceFails(t *testing.T) {
-	requirePrograms(t, "blkid")
+	testutil.RequireCommands(t, "blkid")
 	for _, tc := range realFilesystems {
 		t.Run(tc.name, func(t *testing.T) {
-			requirePrograms(t, "mkfs."+tc.name)
+			testutil.RequireCommands(t, "mkfs."+tc.name)
 			d, ran := realDataPath()
 			missing := filepath.Join(t.TempDir(), "no-such-device")
 			fs := mustFS(t, tc.name)
@@ -511,8 +492,8 @@ func TestRealStageOfMissingDeviceFails(t *testing.T) {
 
 // Device numbers and sizes come from the kernel's view of a real device.
 func TestRealDeviceNumberAndSize(t *testing.T) {
-	requireRoot(t)
-	requirePrograms(t, "losetup")
+	testutil.RequireRoot(t, "attach loop devices and mount them")
+	testutil.RequireCommands(t, "losetup")
 	const size = 48*mib + 4096
 	dev, file := loopDevice(t, size)
 
@@ -556,8 +537,8 @@ func TestRealDeviceNumberAndSize(t *testing.T) {
 // Bind mounts as Publish uses them: a read-only bind of the staging path, a
 // device bound onto a file (block volumes), and Unmount of stacked binds.
 func TestRealBindMountsAndStackedUnmount(t *testing.T) {
-	requireRoot(t)
-	requirePrograms(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
+	testutil.RequireRoot(t, "attach loop devices and mount them")
+	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
 	ctx := context.Background()
 	d, _ := realDataPath()
 	dev, _ := loopDevice(t, 64*mib)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spindle-csi/spindle/internal/testutil"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/spindle-csi/spindle/internal/atomicfile"
@@ -32,18 +34,6 @@ func newStore(t *testing.T) *Store {
 
 func blockSpec(name string) backend.VolumeSpec {
 	return backend.VolumeSpec{Name: name, CapacityBytes: 4 * mib, AccessType: backend.AccessBlock}
-}
-
-func wantKind(t *testing.T, err, kind error, mentions ...string) {
-	t.Helper()
-	if errdefs.KindOf(err) != kind || !errors.Is(err, kind) {
-		t.Fatalf("error = %v (kind %v), want kind %q", err, errdefs.KindOf(err), kind)
-	}
-	for _, m := range mentions {
-		if !strings.Contains(err.Error(), m) {
-			t.Fatalf("error %q does not name %q", err, m)
-		}
-	}
 }
 
 // noTempFiles fails when an atomicfile temporary is left anywhere in the pool.
@@ -121,7 +111,7 @@ func TestImageIDForName(t *testing.T) {
 func TestNewRequiresAbsoluteDir(t *testing.T) {
 	for _, dir := range []string{"", "relative/pool"} {
 		_, err := New(Options{Dir: dir})
-		wantKind(t, err, errdefs.ErrInvalidArgument)
+		testutil.WantKind(t, err, errdefs.ErrInvalidArgument)
 	}
 }
 
@@ -152,10 +142,10 @@ func TestInvalidIDs(t *testing.T) {
 	for _, id := range []string{"", "../etc/passwd", "a/b", ".spindle", "a..b", "nul\x00"} {
 		t.Run(fmt.Sprintf("%q", id), func(t *testing.T) {
 			_, err := s.Get(ctx, id)
-			wantKind(t, err, errdefs.ErrInvalidArgument)
-			wantKind(t, s.Delete(ctx, id), errdefs.ErrInvalidArgument)
+			testutil.WantKind(t, err, errdefs.ErrInvalidArgument)
+			testutil.WantKind(t, s.Delete(ctx, id), errdefs.ErrInvalidArgument)
 			_, err = s.Update(ctx, id, func(*backend.Image) error { return nil })
-			wantKind(t, err, errdefs.ErrInvalidArgument)
+			testutil.WantKind(t, err, errdefs.ErrInvalidArgument)
 		})
 	}
 }
@@ -213,7 +203,7 @@ func TestCreatingRecordIsRedone(t *testing.T) {
 	}
 
 	_, err := s.Get(ctx, id)
-	wantKind(t, err, errdefs.ErrNotFound, id)
+	testutil.WantKind(t, err, errdefs.ErrNotFound, id)
 	if n, err := s.ProvisionedBytes(); err != nil || n != 0 {
 		t.Fatalf("ProvisionedBytes = %d, %v; a creating record holds no space", n, err)
 	}
@@ -388,7 +378,7 @@ func TestUpdate(t *testing.T) {
 
 	t.Run("missing image", func(t *testing.T) {
 		_, err := s.Update(ctx, "pvc-none", func(*backend.Image) error { t.Fatal("fn called for a missing image"); return nil })
-		wantKind(t, err, errdefs.ErrNotFound, "pvc-none")
+		testutil.WantKind(t, err, errdefs.ErrNotFound, "pvc-none")
 	})
 }
 
@@ -465,11 +455,11 @@ func TestLockBusy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := s.Create(tc.ctx(t), blockSpec("pvc-locked"))
-			wantKind(t, err, errdefs.ErrBusy, "loop/test")
+			testutil.WantKind(t, err, errdefs.ErrBusy, "loop/test")
 			if _, err := os.Stat(s.ImagePath("pvc-locked")); !os.IsNotExist(err) {
 				t.Fatalf("Create wrote an image without the lock: %v", err)
 			}
-			wantKind(t, s.Delete(tc.ctx(t), "pvc-locked"), errdefs.ErrBusy)
+			testutil.WantKind(t, s.Delete(tc.ctx(t), "pvc-locked"), errdefs.ErrBusy)
 		})
 	}
 
@@ -486,7 +476,7 @@ func TestNodes(t *testing.T) {
 	ctx := t.Context()
 
 	_, err := s.Node(ctx, "node-1")
-	wantKind(t, err, errdefs.ErrNotFound, "node-1", "loop/test", "registered")
+	testutil.WantKind(t, err, errdefs.ErrNotFound, "node-1", "loop/test", "registered")
 
 	at := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
 	if err := s.RegisterNode(ctx, backend.NodeInfo{NodeID: "node-1", MaxVolumesPerNode: 16, RegisteredAt: at}); err != nil {
@@ -522,9 +512,9 @@ func TestNodes(t *testing.T) {
 	noTempFiles(t, s)
 
 	for _, bad := range []string{"", "a/b", ".hidden", strings.Repeat("n", 201)} {
-		wantKind(t, s.RegisterNode(ctx, backend.NodeInfo{NodeID: bad}), errdefs.ErrInvalidArgument)
+		testutil.WantKind(t, s.RegisterNode(ctx, backend.NodeInfo{NodeID: bad}), errdefs.ErrInvalidArgument)
 		_, err := s.Node(ctx, bad)
-		wantKind(t, err, errdefs.ErrInvalidArgument)
+		testutil.WantKind(t, err, errdefs.ErrInvalidArgument)
 	}
 }
 
@@ -559,7 +549,7 @@ func TestCreateBiggerThanFreeSpace(t *testing.T) {
 	spec := blockSpec("pvc-huge")
 	spec.CapacityBytes = free + 1<<30
 	_, err = s.Create(t.Context(), spec)
-	wantKind(t, err, errdefs.ErrExhausted, "loop/test")
+	testutil.WantKind(t, err, errdefs.ErrExhausted, "loop/test")
 	for _, p := range []string{s.metaPath("pvc-huge"), s.ImagePath("pvc-huge")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Fatalf("a refused Create left %s: %v", p, err)
@@ -586,7 +576,7 @@ func TestRecordOfAnotherName(t *testing.T) {
 	}
 	before := stat(t, s.metaPath("pvc-a"))
 	_, err = s.Create(ctx, blockSpec("pvc-a"))
-	wantKind(t, err, errdefs.ErrAlreadyExists, "someone-else", `"pvc-a"`)
+	testutil.WantKind(t, err, errdefs.ErrAlreadyExists, "someone-else", `"pvc-a"`)
 	if !os.SameFile(before, stat(t, s.metaPath("pvc-a"))) {
 		t.Fatal("the other volume's record was rewritten")
 	}
@@ -604,7 +594,7 @@ func TestRepeatedCreateWithMissingImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := s.Create(ctx, blockSpec("pvc-lost"))
-	wantKind(t, err, errdefs.ErrPrecondition, "pvc-lost", "missing")
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "pvc-lost", "missing")
 	if _, err := os.Stat(s.ImagePath("pvc-lost")); !os.IsNotExist(err) {
 		t.Fatalf("a new image was made in place of the lost one: %v", err)
 	}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/testutil"
+
 	"golang.org/x/sys/unix"
 	utilexec "k8s.io/utils/exec"
 
@@ -323,18 +325,6 @@ func (e *env) attach(t *testing.T, req backend.AttachRequest) *backend.Device {
 	return dev
 }
 
-func wantKind(t *testing.T, err, kind error, mentions ...string) {
-	t.Helper()
-	if errdefs.KindOf(err) != kind || !errors.Is(err, kind) {
-		t.Fatalf("error = %v (kind %v), want kind %q", err, errdefs.KindOf(err), kind)
-	}
-	for _, m := range mentions {
-		if !strings.Contains(err.Error(), m) {
-			t.Fatalf("error %q does not name %q", err, m)
-		}
-	}
-}
-
 func TestSupportsAccess(t *testing.T) {
 	e := newFakeEnv(t, loop.Config{})
 	const oneWriter = "written from one node only"
@@ -363,12 +353,12 @@ func TestSupportsAccess(t *testing.T) {
 					}
 					return
 				}
-				wantKind(t, err, errdefs.ErrInvalidArgument, string(tt.mode), tt.reason)
+				testutil.WantKind(t, err, errdefs.ErrInvalidArgument, string(tt.mode), tt.reason)
 			})
 		}
 	}
 	t.Run("unknown access type", func(t *testing.T) {
-		wantKind(t, e.inst.Exporter.SupportsAccess("tape", backend.SingleNodeWriter), errdefs.ErrInvalidArgument, "tape")
+		testutil.WantKind(t, e.inst.Exporter.SupportsAccess("tape", backend.SingleNodeWriter), errdefs.ErrInvalidArgument, "tape")
 	})
 }
 
@@ -389,7 +379,7 @@ func TestAttachImagePathMismatch(t *testing.T) {
 	img, pc := e.published(t, "pvc-mismatch", backend.SingleNodeWriter, false)
 	pc[loop.ContextImagePath] = "/other/pool/" + img.ID + ".img"
 	_, err := e.inst.Attacher.Attach(t.Context(), backend.AttachRequest{ImageID: img.ID, NodeID: "n1", PublishContext: pc})
-	wantKind(t, err, errdefs.ErrPrecondition, "/other/pool/", e.store.ImagePath(img.ID))
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "/other/pool/", e.store.ImagePath(img.ID))
 	if len(e.fake.Calls) != 0 {
 		t.Fatalf("a refused attach ran %v", e.fake.Calls)
 	}
@@ -503,7 +493,7 @@ func TestDetachRefusesBusyDevice(t *testing.T) {
 		release := e.holdBusy(t, dev.Path)
 		for _, path := range []string{dev.Path, ""} {
 			err := e.inst.Attacher.Detach(t.Context(), img.ID, path)
-			wantKind(t, err, errdefs.ErrPrecondition, dev.Path)
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, dev.Path)
 			if _, _, bound := e.backing(t, dev.Path); !bound {
 				t.Fatalf("Detach(%q) released a busy device", path)
 			}
@@ -536,7 +526,7 @@ func TestDetachOfDeviceHeldOpen(t *testing.T) {
 		release := e.holdOpen(t, dev.Path)
 
 		err := e.inst.Attacher.Detach(t.Context(), img.ID, dev.Path)
-		wantKind(t, err, errdefs.ErrPrecondition, dev.Path, "held open")
+		testutil.WantKind(t, err, errdefs.ErrPrecondition, dev.Path, "held open")
 		if !e.armed(t, dev.Path) {
 			t.Fatalf("setup: the deferred detach of %s did not arm autoclear", dev.Path)
 		}
@@ -608,7 +598,7 @@ func TestAttachNoFreeLoopDevice(t *testing.T) {
 	e.attach(t, backend.AttachRequest{ImageID: a.ID, NodeID: "n1", PublishContext: pcA})
 	b, pcB := e.published(t, "pvc-b", backend.SingleNodeWriter, false)
 	_, err := e.inst.Attacher.Attach(t.Context(), backend.AttachRequest{ImageID: b.ID, NodeID: "n1", PublishContext: pcB})
-	wantKind(t, err, errdefs.ErrExhausted)
+	testutil.WantKind(t, err, errdefs.ErrExhausted)
 }
 
 func TestProbe(t *testing.T) {
@@ -619,8 +609,8 @@ func TestProbe(t *testing.T) {
 	if err := os.RemoveAll(e.store.Dir()); err != nil {
 		t.Fatal(err)
 	}
-	wantKind(t, e.inst.Attacher.Probe(t.Context()), errdefs.ErrUnavailable, e.store.Dir())
-	wantKind(t, e.inst.Store.Probe(t.Context()), errdefs.ErrUnavailable, e.store.Dir())
+	testutil.WantKind(t, e.inst.Attacher.Probe(t.Context()), errdefs.ErrUnavailable, e.store.Dir())
+	testutil.WantKind(t, e.inst.Store.Probe(t.Context()), errdefs.ErrUnavailable, e.store.Dir())
 }
 
 // TestMaxProvisionedBytes: the cap counts every image's full size (they are
@@ -639,7 +629,7 @@ func TestMaxProvisionedBytes(t *testing.T) {
 		t.Fatalf("an image that fills the cap exactly: %v", err)
 	}
 	_, err = create("pvc-c", 1)
-	wantKind(t, err, errdefs.ErrExhausted, "8388608")
+	testutil.WantKind(t, err, errdefs.ErrExhausted, "8388608")
 	// A repeat of an existing volume takes no new space.
 	if _, err := create("pvc-a", 4*mib); err != nil {
 		t.Fatalf("repeated Create at the cap: %v", err)
@@ -704,7 +694,7 @@ func TestCreateENOSPC(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = e.inst.Store.Create(ctx, spec)
-			wantKind(t, err, errdefs.ErrExhausted)
+			testutil.WantKind(t, err, errdefs.ErrExhausted)
 			if !errors.Is(err, unix.ENOSPC) {
 				t.Fatalf("error %v does not carry the filesystem's ENOSPC", err)
 			}
@@ -716,7 +706,7 @@ func TestCreateENOSPC(t *testing.T) {
 				t.Fatalf("the failed Create changed the pool:\nbefore %q\nafter  %q", before, after)
 			}
 			_, err = e.inst.Store.Get(ctx, filestore.ImageIDForName(spec.Name))
-			wantKind(t, err, errdefs.ErrNotFound)
+			testutil.WantKind(t, err, errdefs.ErrNotFound)
 
 			for _, p := range filled {
 				if err := os.Remove(p); err != nil {
