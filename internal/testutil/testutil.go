@@ -40,6 +40,9 @@ func RequireCommands(t testing.TB, names ...string) {
 // outermost kind, and its message mentions every string in mentions.
 func WantKind(t testing.TB, err, kind error, mentions ...string) {
 	t.Helper()
+	if err == nil {
+		t.Fatalf("got success, want a %q error", kind)
+	}
 	if errdefs.KindOf(err) != kind || !errors.Is(err, kind) {
 		t.Fatalf("error = %v (kind %v), want kind %q", err, errdefs.KindOf(err), kind)
 	}

@@ -17,16 +17,16 @@ package conformance
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/spindle-csi/spindle/internal/testutil"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -295,23 +295,6 @@ func att(node string, m backend.AccessMode, ro bool) backend.Attachment {
 
 var attSeq atomic.Int64
 
-// wantKind fails unless err carries kind as the outermost kind (the one
-// internal/driver maps to a gRPC code) and names every one of mentions.
-func wantKind(t *testing.T, err, kind error, mentions ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got success, want a %q error", kind)
-	}
-	if errdefs.KindOf(err) != kind || !errors.Is(err, kind) {
-		t.Fatalf("error %q has kind %v, want %q", err, errdefs.KindOf(err), kind)
-	}
-	for _, m := range mentions {
-		if !strings.Contains(err.Error(), m) {
-			t.Fatalf("error %q does not name %q", err, m)
-		}
-	}
-}
-
 // checkImage compares what the store reports with what was asked for.
 func checkImage(t *testing.T, what string, img *backend.Image, spec backend.VolumeSpec) {
 	t.Helper()
@@ -380,15 +363,15 @@ func testSupportsAccess(t *testing.T, newFixture Factory) {
 					t.Fatalf("SupportsAccess(%s, %s) = %v; every backend must serve it", at, m, err)
 				}
 				// A refusal must be an invalid argument that says which mode.
-				wantKind(t, err, errdefs.ErrInvalidArgument, string(m))
+				testutil.WantKind(t, err, errdefs.ErrInvalidArgument, string(m))
 			})
 		}
 	}
 	t.Run("unknown access type", func(t *testing.T) {
-		wantKind(t, h.exporter().SupportsAccess("floppy", backend.SingleNodeWriter), errdefs.ErrInvalidArgument, "floppy")
+		testutil.WantKind(t, h.exporter().SupportsAccess("floppy", backend.SingleNodeWriter), errdefs.ErrInvalidArgument, "floppy")
 	})
 	t.Run("unknown access mode", func(t *testing.T) {
-		wantKind(t, h.exporter().SupportsAccess(backend.AccessMount, "SOMETIMES"), errdefs.ErrInvalidArgument, "SOMETIMES")
+		testutil.WantKind(t, h.exporter().SupportsAccess(backend.AccessMount, "SOMETIMES"), errdefs.ErrInvalidArgument, "SOMETIMES")
 	})
 }
 
@@ -460,7 +443,7 @@ func testCreateRepeat(t *testing.T, newFixture Factory) {
 			tt.change(&again)
 			img, err := h.store().Create(h.ctx, again)
 			if tt.want != nil {
-				wantKind(t, err, tt.want, orig.Name)
+				testutil.WantKind(t, err, tt.want, orig.Name)
 			} else {
 				if err != nil {
 					t.Fatalf("repeated Create: %v", err)
@@ -485,7 +468,7 @@ func testCreateInvalidCapacity(t *testing.T, newFixture Factory) {
 			spec := mountSpec("pvc-conformance-size" + strconv.FormatInt(size, 10))
 			spec.CapacityBytes = size
 			_, err := h.store().Create(h.ctx, spec)
-			wantKind(t, err, errdefs.ErrInvalidArgument)
+			testutil.WantKind(t, err, errdefs.ErrInvalidArgument)
 		})
 	}
 }
@@ -494,7 +477,7 @@ func testGetUnknown(t *testing.T, newFixture Factory) {
 	h := newHarness(t, newFixture, Options{})
 	id := h.missingID()
 	_, err := h.store().Get(h.ctx, id)
-	wantKind(t, err, errdefs.ErrNotFound, id)
+	testutil.WantKind(t, err, errdefs.ErrNotFound, id)
 }
 
 func testPublish(t *testing.T, newFixture Factory) {
@@ -546,7 +529,7 @@ func testPublish(t *testing.T, newFixture Factory) {
 			img := h.create(mountSpec("pvc-conformance-sn"))
 			h.publish(img.ID, att(NodeA, sn.mode, sn.ro))
 			_, err := h.exporter().Publish(h.ctx, img.ID, att(NodeB, sn.mode, sn.ro))
-			wantKind(t, err, errdefs.ErrPrecondition, NodeA)
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, NodeA)
 			if got := nodesOf(h.get(img.ID)); !slices.Equal(got, []string{NodeA}) {
 				t.Fatalf("attached nodes after the refusal = %v, want only %s", got, NodeA)
 			}
@@ -564,7 +547,7 @@ func testPublish(t *testing.T, newFixture Factory) {
 		img := h.create(mountSpec("pvc-conformance-flags"))
 		h.publish(img.ID, att(NodeA, backend.SingleNodeWriter, false))
 		_, err := h.exporter().Publish(h.ctx, img.ID, att(NodeA, backend.SingleNodeWriter, true))
-		wantKind(t, err, errdefs.ErrAlreadyExists, NodeA)
+		testutil.WantKind(t, err, errdefs.ErrAlreadyExists, NodeA)
 		if a := h.get(img.ID).Attachments; len(a) != 1 || a[0].ReadOnly {
 			t.Fatalf("attachments after the refusal = %+v, want the read-write one only", a)
 		}
@@ -584,7 +567,7 @@ func testPublish(t *testing.T, newFixture Factory) {
 		}
 		// A single-node writer may not join readers.
 		_, err := h.exporter().Publish(h.ctx, img.ID, att(NodeC, backend.SingleNodeWriter, false))
-		wantKind(t, err, errdefs.ErrPrecondition)
+		testutil.WantKind(t, err, errdefs.ErrPrecondition)
 		if got := nodesOf(h.get(img.ID)); !slices.Equal(got, []string{NodeA, NodeB}) {
 			t.Fatalf("attached nodes after the refused writer = %v, want the two readers", got)
 		}
@@ -615,7 +598,7 @@ func testPublish(t *testing.T, newFixture Factory) {
 		h := newHarness(t, newFixture, Options{})
 		img := h.create(mountSpec("pvc-conformance-unreg"))
 		_, err := h.exporter().Publish(h.ctx, img.ID, att(NodeUnregistered, backend.SingleNodeWriter, false))
-		wantKind(t, err, errdefs.ErrNotFound, NodeUnregistered)
+		testutil.WantKind(t, err, errdefs.ErrNotFound, NodeUnregistered)
 		if a := h.get(img.ID).Attachments; len(a) != 0 {
 			t.Fatalf("a refused publish left attachments %v", a)
 		}
@@ -625,7 +608,7 @@ func testPublish(t *testing.T, newFixture Factory) {
 		h := newHarness(t, newFixture, Options{})
 		id := h.missingID()
 		_, err := h.exporter().Publish(h.ctx, id, att(NodeA, backend.SingleNodeWriter, false))
-		wantKind(t, err, errdefs.ErrNotFound, id)
+		testutil.WantKind(t, err, errdefs.ErrNotFound, id)
 	})
 }
 
@@ -636,16 +619,16 @@ func testDelete(t *testing.T, newFixture Factory) {
 		h.publish(img.ID, att(NodeA, backend.MultiNodeReaderOnly, true))
 		h.publish(img.ID, att(NodeB, backend.MultiNodeReaderOnly, true))
 		err := h.store().Delete(h.ctx, img.ID)
-		wantKind(t, err, errdefs.ErrPrecondition, NodeA, NodeB)
+		testutil.WantKind(t, err, errdefs.ErrPrecondition, NodeA, NodeB)
 		h.get(img.ID) // still there
 
 		h.unpublish(img.ID, NodeA)
-		wantKind(t, h.store().Delete(h.ctx, img.ID), errdefs.ErrPrecondition, NodeB)
+		testutil.WantKind(t, h.store().Delete(h.ctx, img.ID), errdefs.ErrPrecondition, NodeB)
 
 		h.unpublish(img.ID, NodeB)
 		h.delete(img.ID)
 		_, err = h.store().Get(h.ctx, img.ID)
-		wantKind(t, err, errdefs.ErrNotFound)
+		testutil.WantKind(t, err, errdefs.ErrNotFound)
 		h.delete(img.ID)
 	})
 
@@ -669,7 +652,7 @@ func testExhaustion(t *testing.T, newFixture Factory) {
 	tooBig := mountSpec("pvc-conformance-too-big")
 	tooBig.CapacityBytes = 4 * SmallCapacityBytes
 	_, err := h.store().Create(h.ctx, tooBig)
-	wantKind(t, err, errdefs.ErrExhausted)
+	testutil.WantKind(t, err, errdefs.ErrExhausted)
 
 	if after := h.artifacts(); !slices.Equal(before, after) {
 		t.Fatalf("a failed Create changed what the backend holds:\nbefore %q\nafter  %q", before, after)
@@ -677,7 +660,7 @@ func testExhaustion(t *testing.T, newFixture Factory) {
 	if h.f.ImageID != nil {
 		id := h.f.ImageID(tooBig.Name)
 		_, err := h.store().Get(h.ctx, id)
-		wantKind(t, err, errdefs.ErrNotFound)
+		testutil.WantKind(t, err, errdefs.ErrNotFound)
 	}
 	// Nothing of the failed volume makes a smaller request under its name
 	// "already exist".
@@ -742,11 +725,11 @@ func testAttach(t *testing.T, newFixture Factory) {
 		img := h.create(mountSpec("pvc-conformance-attach-unpub"))
 		// Published nowhere yet.
 		_, err := h.attacher().Attach(h.ctx, backend.AttachRequest{ImageID: img.ID, NodeID: NodeA, PublishContext: map[string]string{backend.ContextReadOnly: "false"}})
-		wantKind(t, err, errdefs.ErrPrecondition, NodeA)
+		testutil.WantKind(t, err, errdefs.ErrPrecondition, NodeA)
 		// Published to another node.
 		pc := h.publish(img.ID, att(NodeB, backend.SingleNodeWriter, false))
 		_, err = h.attacher().Attach(h.ctx, backend.AttachRequest{ImageID: img.ID, NodeID: NodeA, PublishContext: pc})
-		wantKind(t, err, errdefs.ErrPrecondition, NodeA)
+		testutil.WantKind(t, err, errdefs.ErrPrecondition, NodeA)
 		if devs := h.devices(img.ID); len(devs) != 0 {
 			t.Fatalf("a refused Attach left devices %+v", devs)
 		}
@@ -771,11 +754,11 @@ func testAttach(t *testing.T, newFixture Factory) {
 		h.needAttach()
 		id := h.missingID()
 		_, err := h.attacher().Attach(h.ctx, backend.AttachRequest{ImageID: id, NodeID: NodeA})
-		wantKind(t, err, errdefs.ErrNotFound, id)
+		testutil.WantKind(t, err, errdefs.ErrNotFound, id)
 		if err := h.attacher().Detach(h.ctx, id, ""); err != nil {
 			t.Fatalf("Detach of a deleted image with nothing attached: %v", err)
 		}
-		wantKind(t, h.attacher().RecordFormatted(h.ctx, id, "ext4"), errdefs.ErrNotFound)
+		testutil.WantKind(t, h.attacher().RecordFormatted(h.ctx, id, "ext4"), errdefs.ErrNotFound)
 	})
 }
 
