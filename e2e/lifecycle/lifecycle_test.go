@@ -326,3 +326,133 @@ func TestBlockReadOnlyPublish(t *testing.T) {
 		t.Fatalf("%d loop devices after the read-only publish ended, want 1", n)
 	}
 }
+
+// TestVolumeStats: bytes and inodes for a filesystem volume at its staging
+// and pod paths, the size for a block volume, and NOT_FOUND for a path that
+// is not (or no longer) the volume's, rather than another filesystem's usage.
+func TestVolumeStats(t *testing.T) {
+	drv := harness.Start(t, harness.Options{})
+	dir := harness.TempDir(t)
+	harness.CheckNoLeaks(t, drv.PoolDir, dir)
+	ctx := context.Background()
+	c := lifecycle.NewClient(drv, nil)
+	stats := func(v *lifecycle.Volume, path string) (*csi.NodeGetVolumeStatsResponse, error) {
+		return drv.Node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: v.ID, VolumePath: path})
+	}
+
+	fsVol, err := c.Create(ctx, "pvc-stats-fs", 256<<20, lifecycle.MountCapability("ext4"), nil, filepath.Join(dir, "fs", "globalmount"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teardown(t, c, fsVol, filepath.Join(dir, "fs")) })
+	blockVol, err := c.Create(ctx, "pvc-stats-block", 64<<20, lifecycle.BlockCapability(), nil, filepath.Join(dir, "block", "staging"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teardown(t, c, blockVol, filepath.Join(dir, "block")) })
+	fsTarget, blockTarget := filepath.Join(dir, "fs", "pod", "volume"), filepath.Join(dir, "block", "pod", "volume")
+	for _, v := range []*lifecycle.Volume{fsVol, blockVol} {
+		if err := c.Attach(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Publish(ctx, fsVol, fsTarget, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Publish(ctx, blockVol, blockTarget, false); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, path := range []string{fsVol.StagingPath, fsTarget} {
+		resp, err := stats(fsVol, path)
+		if err != nil {
+			t.Fatalf("stats of %s: %v", path, err)
+		}
+		var bytes, inodes *csi.VolumeUsage
+		for _, u := range resp.GetUsage() {
+			switch u.GetUnit() {
+			case csi.VolumeUsage_BYTES:
+				bytes = u
+			case csi.VolumeUsage_INODES:
+				inodes = u
+			}
+		}
+		// ext4 keeps some of the device for its own metadata.
+		if bytes == nil || bytes.GetTotal() <= 200<<20 || bytes.GetTotal() > 256<<20 || bytes.GetAvailable() <= 0 || bytes.GetUsed() < 0 {
+			t.Errorf("bytes of %s = %v, want a total a little under 256 MiB", path, bytes)
+		}
+		if inodes == nil || inodes.GetTotal() <= 0 || inodes.GetUsed() <= 0 {
+			t.Errorf("inodes of %s = %v", path, inodes)
+		}
+	}
+	resp, err := stats(blockVol, blockTarget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := resp.GetUsage(); len(u) != 1 || u[0].GetTotal() != 64<<20 {
+		t.Errorf("block stats = %v, want a total of exactly 64 MiB", u)
+	}
+
+	// Another volume's mount, a plain directory: not this volume.
+	_, err = stats(blockVol, fsTarget)
+	wantCode(t, "stats of another volume's mount", err, codes.NotFound, "not a mount of volume")
+	_, err = stats(fsVol, dir)
+	wantCode(t, "stats of a plain directory", err, codes.NotFound, "not a mount of volume")
+	_, err = stats(fsVol, blockTarget)
+	wantCode(t, "stats of another volume's device", err, codes.NotFound, "not one of volume")
+
+	if err := c.Unpublish(ctx, fsVol, fsTarget); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Unstage(ctx, fsVol); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stats(fsVol, fsVol.StagingPath)
+	wantCode(t, "stats after unstage", err, codes.NotFound, fsVol.StagingPath)
+}
+
+// TestUnstageWhilePublished: unstaging a volume a pod still uses is refused,
+// naming the pod's path, and changes nothing; filesystem and block alike.
+func TestUnstageWhilePublished(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		capability *csi.VolumeCapability
+	}{
+		{"ext4", lifecycle.MountCapability("ext4")},
+		{"block", lifecycle.BlockCapability()},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			drv := harness.Start(t, harness.Options{})
+			dir := harness.TempDir(t)
+			harness.CheckNoLeaks(t, drv.PoolDir, dir)
+			ctx := context.Background()
+			c := lifecycle.NewClient(drv, nil)
+			v, err := c.Create(ctx, "pvc-busy-"+tt.name, 64<<20, tt.capability, nil, filepath.Join(dir, "staging"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { teardown(t, c, v, dir) })
+			target := filepath.Join(dir, "pod", "volume")
+			if err := c.Attach(ctx, v); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Publish(ctx, v, target, false); err != nil {
+				t.Fatal(err)
+			}
+			p := lifecycle.NewPayload(4096)
+			if err := lifecycle.Write(v, target, p); err != nil {
+				t.Fatal(err)
+			}
+			wantCode(t, "NodeUnstageVolume while published", c.Unstage(ctx, v), codes.FailedPrecondition, target)
+			if err := lifecycle.Check(v, target, p); err != nil {
+				t.Fatalf("after the refused unstage: %v", err)
+			}
+			if err := c.Unpublish(ctx, v, target); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Unstage(ctx, v); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -176,6 +176,11 @@ type Attacher interface {
 	Detach(ctx context.Context, imageID, devicePath string) error
 	// Devices lists the devices currently attached for the image on this node.
 	Devices(ctx context.Context, imageID string) ([]Device, error)
+	// Identify proves that devicePath is attached for the image and returns
+	// it, or ErrNotFound when it is not (another image's device, no device
+	// at all). Unlike Devices it looks at that one device only, so the node
+	// can check a mount's device on every RPC without scanning all of them.
+	Identify(ctx context.Context, imageID, devicePath string) (*Device, error)
 	// RecordFormatted notes in the image's metadata that it now holds fsType.
 	RecordFormatted(ctx context.Context, imageID, fsType string) error
 	// RegisterNode announces this node to the backend (idempotent).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/zap"
@@ -79,6 +80,42 @@ func (s *nodeService) devicesOf(ctx context.Context, inst *backend.Instance, id 
 		out = append(out, volumeDevice{Device: d, major: major, minor: minor})
 	}
 	return out, nil
+}
+
+// identify returns the device at path if the backend proves it is the
+// volume's, nil when it is some other device (or none). It looks at that one
+// device only, so RPCs that know which device to expect never scan.
+func (s *nodeService) identify(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*volumeDevice, error) {
+	dev, err := inst.Attacher.Identify(ctx, id.Image, path)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	major, minor, err := node.DeviceNumber(dev.Path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("device %s of volume %s: %w", dev.Path, id, err)
+	}
+	return &volumeDevice{Device: *dev, major: major, minor: minor}, nil
+}
+
+// mountedDevice returns the volume's device that the filesystem mounted as
+// m lives on, or nil when m is anything else. The mount source names the
+// device the kernel mounted, and a mounted device cannot be rebound, so
+// proving that device proves the mount.
+func (s *nodeService) mountedDevice(ctx context.Context, inst *backend.Instance, id volumeid.ID, m *node.Mount) (*volumeDevice, error) {
+	if !strings.HasPrefix(m.Source, "/dev/") {
+		return nil, nil
+	}
+	d, err := s.identify(ctx, inst, id, m.Source)
+	if err != nil || d == nil || !m.IsMountOf(d.Path, d.major, d.minor) {
+		return nil, err
+	}
+	return d, nil
 }
 
 // filesystemMount returns the device whose filesystem m is, or nil.
@@ -224,23 +261,13 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 // (a retried NodeStageVolume). A dead mount there is cleaned up so the stage
 // can be redone; a mount of anything else is refused.
 func (s *nodeService) alreadyStaged(ctx context.Context, inst *backend.Instance, id volumeid.ID, staging string, c capability) (bool, error) {
-	// The volume's devices are listed only when something is there to
-	// check against them: a first stage skips the scan.
 	if c.accessType == backend.AccessBlock {
 		rec, err := node.ReadStageRecord(staging)
 		if err != nil || rec.VolumeID != id.String() {
 			return false, nil
 		}
-		devs, err := s.devicesOf(ctx, inst, id)
-		if err != nil {
-			return false, err
-		}
-		for _, d := range devs {
-			if d.Path == rec.Device {
-				return true, nil
-			}
-		}
-		return false, nil
+		d, err := s.identify(ctx, inst, id, rec.Device)
+		return d != nil, err
 	}
 
 	corrupted, err := node.CheckHealthy(staging)
@@ -258,11 +285,11 @@ func (s *nodeService) alreadyStaged(ctx context.Context, inst *backend.Instance,
 	if err != nil || m == nil {
 		return false, err
 	}
-	devs, err := s.devicesOf(ctx, inst, id)
+	d, err := s.mountedDevice(ctx, inst, id, m)
 	if err != nil {
 		return false, err
 	}
-	if devs.filesystemMount(m) == nil {
+	if d == nil {
 		return false, errdefs.Precondition("staging_target_path %s already holds another mount (%s %s), not volume %s", staging, m.FsType, m.Source, id)
 	}
 	if c.fsType != "" && m.FsType != c.fsType {
@@ -309,25 +336,14 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 	}
 	defer release()
 
-	devs, err := s.devicesOf(ctx, inst, id)
-	if err != nil {
-		return nil, err
-	}
 	// Refuse while the volume is still published: unmounting the staging
 	// path under live bind mounts would leave a device we cannot detach.
 	mounts, err := s.d.data.Mounts()
 	if err != nil {
 		return nil, err
 	}
-	resolvedStaging := node.Resolve(staging)
-	for i := range mounts {
-		m := &mounts[i]
-		if m.MountPoint == resolvedStaging {
-			continue // the staging mount itself (or a stack of them): Unmount below takes them all
-		}
-		if devs.filesystemMount(m) != nil || devs.deviceBind(m) != nil {
-			return nil, errdefs.Precondition("volume %s is still published at %s; unpublish it before unstaging", id, m.MountPoint)
-		}
+	if m := s.publishedAt(ctx, inst, id, mounts, staging); m != "" {
+		return nil, errdefs.Precondition("volume %s is still published at %s; unpublish it before unstaging", id, m)
 	}
 	if err := s.d.data.Unmount(ctx, staging); err != nil {
 		return nil, err
@@ -339,6 +355,37 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, fmt.Errorf("remove stage record: %w", err)
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// publishedAt returns a mount point where the volume staged at staging is
+// still published, or "". A filesystem volume's publishes are the other
+// mounts of the staging mount's filesystem (same device number), found
+// without asking the backend; a block volume's are binds of its devices.
+func (s *nodeService) publishedAt(ctx context.Context, inst *backend.Instance, id volumeid.ID, mounts []node.Mount, staging string) string {
+	resolvedStaging := node.Resolve(staging)
+	if st := topMount(mounts, staging); st != nil {
+		for i := range mounts {
+			m := &mounts[i]
+			// The staging mount itself (or a stack of them): Unmount takes them all.
+			if m.MountPoint != resolvedStaging && m.Major == st.Major && m.Minor == st.Minor {
+				return m.MountPoint
+			}
+		}
+		return ""
+	}
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		// Detach refuses a device that is still in use, so an unreadable
+		// device list cannot make Unstage cut a publish off.
+		s.d.log.Warn("cannot list the volume's devices to look for publishes", zap.String("volumeID", id.String()), zap.Error(err))
+		return ""
+	}
+	for i := range mounts {
+		if m := &mounts[i]; devs.filesystemMount(m) != nil || devs.deviceBind(m) != nil {
+			return m.MountPoint
+		}
+	}
+	return ""
 }
 
 // topMount finds the top-most mount at path in an already-read table.
@@ -380,10 +427,6 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	}
 	defer release()
 
-	devs, err := s.devicesOf(ctx, inst, id)
-	if err != nil {
-		return nil, err
-	}
 	if corrupted, err := node.CheckHealthy(target); err == nil && corrupted {
 		s.d.log.Warn("target mount is dead; unmounting it to publish again", zap.String("volumeID", id.String()), zap.String("path", target))
 		if err := s.d.data.Unmount(ctx, target); err != nil {
@@ -391,9 +434,9 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 		}
 	}
 	if c.accessType == backend.AccessBlock {
-		err = s.publishBlock(ctx, inst, id, req, c, devs)
+		err = s.publishBlock(ctx, inst, id, req, c)
 	} else {
-		err = s.publishMount(ctx, id, req, c, devs)
+		err = s.publishMount(ctx, inst, id, req, c)
 	}
 	if err != nil {
 		return nil, err
@@ -401,15 +444,20 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-func (s *nodeService) publishMount(ctx context.Context, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability, devs volumeDevices) error {
+func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability) error {
 	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
 	mounts, err := s.d.data.Mounts()
 	if err != nil {
 		return err
 	}
 	st := topMount(mounts, staging)
-	if st == nil || devs.filesystemMount(st) == nil {
+	if st == nil {
 		return errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
+	}
+	if d, err := s.mountedDevice(ctx, inst, id, st); err != nil {
+		return err
+	} else if d == nil {
+		return errdefs.Precondition("volume %s is not staged at %s (it holds %s %s); NodeStageVolume first", id, staging, st.FsType, st.Source)
 	}
 	sameVolume := func(m *node.Mount) bool { return m.Major == st.Major && m.Minor == st.Minor && m.Root == st.Root }
 
@@ -447,7 +495,11 @@ func (s *nodeService) publishMount(ctx context.Context, id volumeid.ID, req *csi
 	return nil
 }
 
-func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability, devs volumeDevices) (err error) {
+func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability) (err error) {
+	devs, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return err
+	}
 	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
 	rec, err := node.ReadStageRecord(staging)
 	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && rec.VolumeID != id.String()) {
@@ -611,13 +663,6 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 	if err != nil {
 		return nil, err
 	}
-	devs, err := s.devicesOf(ctx, inst, id)
-	if err != nil {
-		return nil, err
-	}
-	if len(devs) == 0 {
-		return nil, errdefs.NotFound("volume %s is not attached on node %s", id, s.d.opts.NodeID)
-	}
 	if !filepath.IsAbs(path) {
 		return nil, errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %s", path, id)
 	}
@@ -629,7 +674,10 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 		return nil, err
 	}
 	if isDev {
-		d := devs.byNumber(major, minor)
+		d, err := s.identify(ctx, inst, id, node.DevicePath(major, minor))
+		if err != nil {
+			return nil, err
+		}
 		if d == nil {
 			return nil, errdefs.NotFound("volume_path %s is a device, but not one of volume %s", path, id)
 		}
@@ -643,8 +691,13 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 	if err != nil {
 		return nil, err
 	}
-	if m == nil || devs.filesystemMount(m) == nil {
+	if m == nil {
 		return nil, errdefs.NotFound("volume_path %s is not a mount of volume %s", path, id)
+	}
+	if d, err := s.mountedDevice(ctx, inst, id, m); err != nil {
+		return nil, err
+	} else if d == nil {
+		return nil, errdefs.NotFound("volume_path %s is not a mount of volume %s (it holds %s %s)", path, id, m.FsType, m.Source)
 	}
 	u, err := node.UsageOf(path)
 	if err != nil {

@@ -162,7 +162,7 @@ func TestNodeGetVolumeStatsNotAttached(t *testing.T) {
 		code            codes.Code
 		want            string
 	}{
-		{"not attached", "loop/default/pvc-x", t.TempDir(), codes.NotFound, "not attached on node " + testNodeID},
+		{"not attached", "loop/default/pvc-x", t.TempDir(), codes.NotFound, "is not a mount of volume loop/default/pvc-x"},
 		{"instance not configured", "loop/other/pvc-x", t.TempDir(), codes.FailedPrecondition, "loop/other"},
 	}
 	for _, tt := range tests {

@@ -63,6 +63,17 @@ func BlockDeviceSize(path string) (int64, error) {
 	return DeviceSizeBytes(major, minor)
 }
 
+// DevicePath names the device node of a device number as the kernel does
+// (/dev/<name>, the name read from /sys/dev/block/<major>:<minor>), or ""
+// when the number is no block device.
+func DevicePath(major, minor uint32) string {
+	target, err := os.Readlink(filepath.Join("/sys/dev/block", fmt.Sprintf("%d:%d", major, minor)))
+	if err != nil {
+		return ""
+	}
+	return "/dev/" + filepath.Base(target)
+}
+
 // DeviceSizeBytes reads a block device's size from sysfs, without opening it.
 func DeviceSizeBytes(major, minor uint32) (int64, error) {
 	p := filepath.Join("/sys/dev/block", fmt.Sprintf("%d:%d", major, minor), "size")

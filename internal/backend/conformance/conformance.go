@@ -690,6 +690,13 @@ func testAttach(t *testing.T, newFixture Factory) {
 		if devs := h.devices(img.ID); len(devs) != 1 || devs[0].Path != dev.Path || devs[0].ReadOnly {
 			t.Fatalf("Devices = %+v, want just read-write %s", devs, dev.Path)
 		}
+		if d, err := h.attacher().Identify(h.ctx, img.ID, dev.Path); err != nil || d.Path != dev.Path || d.ReadOnly {
+			t.Fatalf("Identify(%s) = %+v, %v; want the read-write device", dev.Path, d, err)
+		}
+		// The device is this image's, and no other's.
+		other := h.create(mountSpec("pvc-conformance-attach-other"))
+		_, err := h.attacher().Identify(h.ctx, other.ID, dev.Path)
+		testutil.WantKind(t, err, errdefs.ErrNotFound, dev.Path)
 
 		if err := h.attacher().RecordFormatted(h.ctx, img.ID, "ext4"); err != nil {
 			t.Fatalf("RecordFormatted: %v", err)
@@ -711,6 +718,8 @@ func testAttach(t *testing.T, newFixture Factory) {
 		if devs := h.devices(img.ID); len(devs) != 0 {
 			t.Fatalf("Devices after Detach = %+v", devs)
 		}
+		_, err = h.attacher().Identify(h.ctx, img.ID, dev.Path)
+		testutil.WantKind(t, err, errdefs.ErrNotFound, dev.Path)
 		if err := h.attacher().Detach(h.ctx, img.ID, dev.Path); err != nil {
 			t.Fatalf("second Detach: %v", err)
 		}

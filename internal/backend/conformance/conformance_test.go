@@ -182,6 +182,15 @@ func (m *memBackend) Devices(_ context.Context, id string) ([]backend.Device, er
 	return nil, nil
 }
 
+func (m *memBackend) Identify(_ context.Context, id, devicePath string) (*backend.Device, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d, ok := m.devices[id]; ok && d.Path == devicePath {
+		return &d, nil
+	}
+	return nil, errdefs.NotFound("%s is not a device of %s", devicePath, id)
+}
+
 func (m *memBackend) RecordFormatted(_ context.Context, id, fsType string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -292,6 +292,24 @@ func (a *Attacher) Devices(ctx context.Context, imageID string) ([]backend.Devic
 	return out, nil
 }
 
+// Identify implements backend.Attacher: the device's backing file, read from
+// sysfs, must be the image (not an unlinked file of its name).
+func (a *Attacher) Identify(ctx context.Context, imageID, devicePath string) (*backend.Device, error) {
+	path := a.store.ImagePath(imageID)
+	d, err := a.loops.Get(ctx, devicePath)
+	switch errdefs.KindOf(err) {
+	case nil:
+	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
+		return nil, errdefs.NotFound("%s is not a loop device of volume %s", devicePath, imageID)
+	default:
+		return nil, err
+	}
+	if d.BackingFile != path || d.Deleted {
+		return nil, errdefs.NotFound("%s is bound to %q, not to volume %s", devicePath, d.BackingFile, imageID)
+	}
+	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly}, nil
+}
+
 // RecordFormatted implements backend.Attacher.
 func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
 	_, err := a.store.Update(ctx, imageID, func(img *backend.Image) error {
