@@ -73,6 +73,20 @@ type VolumeSpec struct {
 	// Parameters are the StorageClass parameters that shape the volume
 	// (mkfsOptions, ...). Two requests with different parameters are different volumes.
 	Parameters map[string]string
+	// MutableParameters are the VolumeAttributesClass parameters the volume
+	// starts with (see ImageStore.Modify).
+	MutableParameters map[string]string
+	// Source, when set, makes the image a copy of a snapshot or of another
+	// volume's image (a clone). The copy keeps the source's filesystem and
+	// "formatted" flag, so it is never formatted again; CapacityBytes may be
+	// larger than the source (the image is grown), never smaller.
+	Source *ContentSource
+}
+
+// ContentSource names what a new image is copied from: exactly one is set.
+type ContentSource struct {
+	SnapshotID string // a snapshot of this store
+	ImageID    string // a volume image of this store
 }
 
 // Image is an image store's record of one volume.
@@ -84,16 +98,57 @@ type Image struct {
 	FsType        string            `json:"fsType,omitempty"`
 	Formatted     bool              `json:"formatted"`
 	Parameters    map[string]string `json:"parameters,omitempty"`
-	Attachments   []Attachment      `json:"attachments,omitempty"`
-	CreatedAt     time.Time         `json:"createdAt"`
+	// MutableParameters are the volume's current VolumeAttributesClass
+	// parameters (ControllerModifyVolume).
+	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
+	// Source is what the image was copied from, if anything; a repeated
+	// CreateVolume must name the same source.
+	Source      *ContentSource `json:"source,omitempty"`
+	Attachments []Attachment   `json:"attachments,omitempty"`
+	CreatedAt   time.Time      `json:"createdAt"`
 }
 
 // Clone returns a deep copy.
 func (img *Image) Clone() *Image {
 	c := *img
 	c.Parameters = maps.Clone(img.Parameters)
+	c.MutableParameters = maps.Clone(img.MutableParameters)
+	if img.Source != nil {
+		src := *img.Source
+		c.Source = &src
+	}
 	c.Attachments = slices.Clone(img.Attachments)
 	return &c
+}
+
+// Snapshot is a point-in-time copy of a volume's image.
+type Snapshot struct {
+	ID            string    `json:"id"`   // the image part of the snapshot ID
+	Name          string    `json:"name"` // the CSI name; creation is idempotent by name
+	SourceImageID string    `json:"sourceImageID"`
+	SizeBytes     int64     `json:"sizeBytes"` // the source's size when taken
+	CreatedAt     time.Time `json:"createdAt"`
+	ReadyToUse    bool      `json:"readyToUse"`
+	// What a volume restored from the snapshot inherits.
+	AccessType AccessType `json:"accessType"`
+	FsType     string     `json:"fsType,omitempty"`
+	Formatted  bool       `json:"formatted"`
+}
+
+// SnapshotSpec is what CreateSnapshot asks for.
+type SnapshotSpec struct {
+	Name          string
+	SourceImageID string
+	Parameters    map[string]string
+}
+
+// Capacity is what an image store can still allocate.
+type Capacity struct {
+	// AvailableBytes is the total size of new images that fit now.
+	AvailableBytes int64
+	// MaximumVolumeBytes is the largest single image that fits now (the
+	// same as AvailableBytes for a pool of sparse files).
+	MaximumVolumeBytes int64
 }
 
 // Attachment records that a node was granted access by ControllerPublish.
@@ -123,8 +178,37 @@ type ImageStore interface {
 	Delete(ctx context.Context, imageID string) error
 	// Get returns the image or ErrNotFound.
 	Get(ctx context.Context, imageID string) (*Image, error)
+	// List returns every image, sorted by ID.
+	List(ctx context.Context) ([]*Image, error)
+	// Expand grows the image to newBytes (already rounded by the driver)
+	// and returns it. The same size is a no-op; a smaller one ErrOutOfRange;
+	// one that does not fit ErrExhausted.
+	Expand(ctx context.Context, imageID string, newBytes int64) (*Image, error)
+	// Modify merges mutable parameters into the image's and returns it;
+	// they take effect at the next attach. The keys and values a backend
+	// understands are its own: anything else is ErrInvalidArgument naming
+	// the key, and Create checks spec.MutableParameters the same way.
+	Modify(ctx context.Context, imageID string, mutable map[string]string) (*Image, error)
+	// Capacity reports what the store can still allocate.
+	Capacity(ctx context.Context) (Capacity, error)
 	// Probe reports whether the store is reachable and usable.
 	Probe(ctx context.Context) error
+}
+
+// Snapshotter is implemented by image stores that take snapshots.
+type Snapshotter interface {
+	// CreateSnapshot copies the source image as it is at one instant, or
+	// returns the existing snapshot of that name when it has the same
+	// source (ErrAlreadyExists when not). A store that cannot take a
+	// point-in-time copy of an image in use refuses with ErrPrecondition,
+	// saying why. A failed CreateSnapshot leaves nothing behind.
+	CreateSnapshot(ctx context.Context, spec SnapshotSpec) (*Snapshot, error)
+	// DeleteSnapshot removes it; a missing snapshot is success.
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	// GetSnapshot returns it or ErrNotFound.
+	GetSnapshot(ctx context.Context, snapshotID string) (*Snapshot, error)
+	// ListSnapshots returns every snapshot, sorted by ID.
+	ListSnapshots(ctx context.Context) ([]*Snapshot, error)
 }
 
 // Exporter grants and revokes nodes' access to images.
@@ -135,7 +219,9 @@ type Exporter interface {
 	// Publish grants att.NodeID access and returns the publish_context the
 	// node needs. Repeating a compatible publish is a no-op; a second node on a
 	// single-node volume is ErrPrecondition naming the holder; the same node
-	// with other flags is ErrAlreadyExists; an unknown image or node ErrNotFound.
+	// with other flags is ErrAlreadyExists; an unknown image or node
+	// ErrNotFound; a node that already has as many volumes published as its
+	// registered MaxVolumesPerNode ErrExhausted.
 	Publish(ctx context.Context, imageID string, att Attachment) (map[string]string, error)
 	// Unpublish revokes a node's access. Unknown nodes and images are success.
 	Unpublish(ctx context.Context, imageID, nodeID string) error
@@ -181,6 +267,9 @@ type Attacher interface {
 	// at all). Unlike Devices it looks at that one device only, so the node
 	// can check a mount's device on every RPC without scanning all of them.
 	Identify(ctx context.Context, imageID, devicePath string) (*Device, error)
+	// Refresh makes an attached device see its image's current size (after
+	// Expand) and returns the device's size in bytes.
+	Refresh(ctx context.Context, imageID, devicePath string) (int64, error)
 	// RecordFormatted notes in the image's metadata that it now holds fsType.
 	RecordFormatted(ctx context.Context, imageID, fsType string) error
 	// RegisterNode announces this node to the backend (idempotent).
@@ -196,7 +285,14 @@ type Instance struct {
 	Store    ImageStore
 	Exporter Exporter
 	Attacher Attacher
+	// Snapshots is nil when the store takes no snapshots.
+	Snapshots Snapshotter
+	// NodeLocal: the instance's images live on the node that runs this
+	// process and are reachable from it only (a pool directory on a local
+	// disk). The driver then reports topology and serves only this node.
+	NodeLocal bool
 }
+
 
 // Key is "<type>/<name>", the prefix of every volume ID the instance serves.
 func (i *Instance) Key() string { return i.Type + "/" + i.Name }

@@ -191,6 +191,18 @@ func (m *memBackend) Identify(_ context.Context, id, devicePath string) (*backen
 	return nil, errdefs.NotFound("%s is not a device of %s", devicePath, id)
 }
 
+func (m *memBackend) List(context.Context) ([]*backend.Image, error) { return nil, nil }
+func (m *memBackend) Expand(context.Context, string, int64) (*backend.Image, error) {
+	return nil, errdefs.InvalidArgument("not supported")
+}
+func (m *memBackend) Modify(context.Context, string, map[string]string) (*backend.Image, error) {
+	return nil, errdefs.InvalidArgument("not supported")
+}
+func (m *memBackend) Capacity(context.Context) (backend.Capacity, error) {
+	return backend.Capacity{}, nil
+}
+func (m *memBackend) Refresh(context.Context, string, string) (int64, error) { return 0, nil }
+
 func (m *memBackend) RecordFormatted(_ context.Context, id, fsType string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
