@@ -293,6 +293,5 @@ type Instance struct {
 	NodeLocal bool
 }
 
-
 // Key is "<type>/<name>", the prefix of every volume ID the instance serves.
 func (i *Instance) Key() string { return i.Type + "/" + i.Name }

@@ -70,10 +70,10 @@ type Fixture struct {
 	// and the attach cases use it).
 	Instance *backend.Instance
 
-	// RegisterNode makes nodeID known to the backend the way a node plugin
-	// on that node would, so Publish to it can succeed. Nil means
-	// Instance.Attacher.RegisterNode with a NodeInfo of just that ID.
-	RegisterNode func(ctx context.Context, nodeID string) error
+	// RegisterNode makes info.NodeID known to the backend the way a node
+	// plugin on that node would, with its MaxVolumesPerNode, so Publish to
+	// it can succeed. Nil means Instance.Attacher.RegisterNode(ctx, info).
+	RegisterNode func(ctx context.Context, info backend.NodeInfo) error
 
 	// ImageID returns the image ID Create would give the CSI name, for a
 	// backend that derives it deterministically (nil when it does not). The
@@ -86,6 +86,17 @@ type Fixture struct {
 	// the suite can check that a failed Create leaves nothing behind. Nil
 	// skips that check.
 	Artifacts func(ctx context.Context) ([]string, error)
+
+	// MutableParameters are mutable parameters the backend accepts
+	// (ImageStore.Modify, VolumeSpec.MutableParameters). Nil skips the
+	// checks that need a valid set; unknown keys are checked either way.
+	MutableParameters map[string]string
+
+	// WriteImage and ReadImage reach the content of the image with the
+	// given ID, at a byte offset, so the suite can check what clones and
+	// snapshots hold. Nil skips the content checks.
+	WriteImage func(ctx context.Context, imageID string, off int64, data []byte) error
+	ReadImage  func(ctx context.Context, imageID string, off int64, n int) ([]byte, error)
 
 	// NoAttach, when not empty, says why the node side cannot run here
 	// (not root, no /dev/loop-control, no initiator); the attach cases
@@ -111,6 +122,14 @@ func Run(t *testing.T, newFixture Factory) {
 	t.Run("Exhaustion", func(t *testing.T) { testExhaustion(t, newFixture) })
 	t.Run("Attach", func(t *testing.T) { testAttach(t, newFixture) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newFixture) })
+	t.Run("List", func(t *testing.T) { testList(t, newFixture) })
+	t.Run("Expand", func(t *testing.T) { testExpand(t, newFixture) })
+	t.Run("Modify", func(t *testing.T) { testModify(t, newFixture) })
+	t.Run("Capacity", func(t *testing.T) { testCapacity(t, newFixture) })
+	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newFixture) })
+	t.Run("Clone", func(t *testing.T) { testClone(t, newFixture) })
+	t.Run("AttachLimit", func(t *testing.T) { testAttachLimit(t, newFixture) })
+	t.Run("Refresh", func(t *testing.T) { testRefresh(t, newFixture) })
 }
 
 // harness is one case's fixture with the helpers every case uses.
@@ -131,7 +150,7 @@ func newHarness(t *testing.T, newFixture Factory, opts Options) *harness {
 	}
 	h := &harness{t: t, f: f, ctx: t.Context()}
 	for _, n := range []string{NodeA, NodeB, NodeC} {
-		if err := h.registerNode(n); err != nil {
+		if err := h.registerNode(backend.NodeInfo{NodeID: n}); err != nil {
 			t.Fatalf("register node %s: %v", n, err)
 		}
 	}
@@ -146,14 +165,14 @@ func (h *harness) sub(t *testing.T) *harness {
 	return &c
 }
 
-func (h *harness) registerNode(nodeID string) error {
+func (h *harness) registerNode(info backend.NodeInfo) error {
 	if h.f.RegisterNode != nil {
-		return h.f.RegisterNode(h.ctx, nodeID)
+		return h.f.RegisterNode(h.ctx, info)
 	}
 	if h.f.Instance.Attacher == nil {
 		return fmt.Errorf("the fixture has neither RegisterNode nor an Attacher")
 	}
-	return h.f.Instance.Attacher.RegisterNode(h.ctx, backend.NodeInfo{NodeID: nodeID})
+	return h.f.Instance.Attacher.RegisterNode(h.ctx, info)
 }
 
 func (h *harness) store() backend.ImageStore  { return h.f.Instance.Store }
@@ -646,7 +665,7 @@ func testDelete(t *testing.T, newFixture Factory) {
 func testExhaustion(t *testing.T, newFixture Factory) {
 	h := newHarness(t, newFixture, Options{CapacityBytes: SmallCapacityBytes})
 	fits := mountSpec("pvc-conformance-fits")
-	h.create(fits)
+	fitsImg := h.create(fits)
 
 	before := h.artifacts()
 	tooBig := mountSpec("pvc-conformance-too-big")
@@ -662,6 +681,14 @@ func testExhaustion(t *testing.T, newFixture Factory) {
 		_, err := h.store().Get(h.ctx, id)
 		testutil.WantKind(t, err, errdefs.ErrNotFound)
 	}
+	// Growing an image past the capacity is refused the same way.
+	_, err = h.store().Expand(h.ctx, fitsImg.ID, 4*SmallCapacityBytes)
+	testutil.WantKind(t, err, errdefs.ErrExhausted)
+	if after := h.artifacts(); !slices.Equal(before, after) {
+		t.Fatalf("a failed Expand changed what the backend holds:\nbefore %q\nafter  %q", before, after)
+	}
+	checkImage(t, "Get after an exhausted Expand", h.get(fitsImg.ID), fits)
+
 	// Nothing of the failed volume makes a smaller request under its name
 	// "already exist".
 	again := mountSpec(tooBig.Name)

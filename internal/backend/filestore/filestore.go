@@ -3,10 +3,12 @@
 //
 // Layout of a pool directory:
 //
-//	<id>.img           the sparse image
-//	<id>.json          its metadata (backend.Image plus a state), replaced atomically
-//	.nodes/<node>.json node plugins that registered with this pool
-//	.spindle.lock      flock'ed around every read-modify-write of metadata
+//	<id>.img                the sparse image
+//	<id>.json               its metadata (backend.Image plus a state), replaced atomically
+//	snapshots/<id>.img      a snapshot: an independent copy of a volume's image
+//	snapshots/<id>.json     its metadata (backend.Snapshot)
+//	.nodes/<node>.json      node plugins that registered with this pool
+//	.spindle.lock           flock'ed around every read-modify-write of metadata
 //
 // Every metadata change happens under the pool lock, which is an flock and so
 // works between the controller and node plugins sharing the directory.
@@ -15,7 +17,12 @@
 // makes a volume exist, so an image file without metadata is always the
 // leftover of an interrupted create or delete. Such leftovers (and records
 // in the state "creating", which earlier versions wrote first) are removed
-// when the ID is next used and whenever a Store is opened.
+// when the ID is next used and whenever a Store is opened. Snapshots follow
+// the same rules in their own directory, a namespace separate from volumes.
+//
+// Copies (clones and snapshots) are reflinks where the pool filesystem can
+// make them (xfs with reflink, btrfs) and sparse copies elsewhere; see copy.go
+// for why that decides whether a volume in use may be copied.
 package filestore
 
 import (
@@ -29,6 +36,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -64,15 +72,23 @@ type Options struct {
 	// Name is the instance key, e.g. "loop/default", for messages.
 	Name string
 	// MaxProvisionedBytes caps the sum of all images' sizes; 0 means only
-	// the pool filesystem's free space limits a new image.
+	// the pool filesystem's free space limits a new image. Snapshots are
+	// not counted: a snapshot's copy is checked against the free space.
 	MaxProvisionedBytes int64
+	// ValidateMutable checks mutable parameters (Create's
+	// spec.MutableParameters, Modify) against what the backend understands,
+	// returning an errdefs.ErrInvalidArgument that names the offending key.
+	// The store only keeps them; their meaning is the backend's. Nil accepts
+	// none: every key is refused.
+	ValidateMutable func(map[string]string) error
 }
 
 // Store is a pool directory of sparse images.
 type Store struct {
-	dir  string
-	name string
-	max  int64
+	dir             string
+	name            string
+	max             int64
+	validateMutable func(map[string]string) error
 }
 
 // record is the on-disk metadata of one image.
@@ -87,8 +103,10 @@ func New(opts Options) (*Store, error) {
 	if opts.Dir == "" || !filepath.IsAbs(opts.Dir) {
 		return nil, errdefs.InvalidArgument("pool directory %q must be an absolute path", opts.Dir)
 	}
-	if err := os.MkdirAll(filepath.Join(opts.Dir, nodesDir), 0o750); err != nil {
-		return nil, fmt.Errorf("create pool directory: %w", err)
+	for _, sub := range []string{nodesDir, snapshotsDir} {
+		if err := os.MkdirAll(filepath.Join(opts.Dir, sub), 0o750); err != nil {
+			return nil, fmt.Errorf("create pool directory: %w", err)
+		}
 	}
 	// The kernel reports a loop device's backing file by its resolved path, so
 	// the store works with the resolved path too.
@@ -96,7 +114,7 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
-	st := &Store{dir: dir, name: opts.Name, max: opts.MaxProvisionedBytes}
+	st := &Store{dir: dir, name: opts.Name, max: opts.MaxProvisionedBytes, validateMutable: opts.ValidateMutable}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultLockWait)
 	defer cancel()
 	if err := st.withLock(ctx, st.sweep); err != nil {
@@ -106,15 +124,16 @@ func New(opts Options) (*Store, error) {
 }
 
 // sweep removes what interrupted creates and deletes left: image files
-// without metadata, records that never became ready, and temporary files.
-// It runs under the pool lock, which every create and delete holds from
-// start to end, so nothing it removes is in use.
+// without metadata, records that never became ready, and temporary files,
+// among the volumes and among the snapshots. It runs under the pool lock,
+// which every create and delete holds from start to end, so nothing it
+// removes is in use.
 func (s *Store) sweep() error {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return err
 	}
-	var errs []error
+	errs := []error{s.sweepSnapshots()}
 	for _, e := range entries {
 		name := e.Name()
 		switch {
@@ -151,17 +170,27 @@ func (s *Store) metaPath(id string) string { return filepath.Join(s.dir, id+meta
 
 var plainNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 var hashedIDRe = regexp.MustCompile(`^vol-[0-9a-f]{40}$`)
+var hashedSnapshotIDRe = regexp.MustCompile(`^snap-[0-9a-f]{40}$`)
 
 // ImageIDForName maps a CSI name to an image ID, deterministically, so that a
 // retried CreateVolume finds its image without a name index. A short name in
 // a safe alphabet (every Kubernetes "pvc-<uid>") is used as it is, so IDs stay
 // readable; anything else is hashed.
-func ImageIDForName(name string) string {
-	if plainNameRe.MatchString(name) && !strings.Contains(name, "..") && !hashedIDRe.MatchString(name) {
+func ImageIDForName(name string) string { return idForName(name, "vol-", hashedIDRe) }
+
+// SnapshotIDForName is ImageIDForName for snapshots ("snapshot-<uid>" kept,
+// anything else "snap-<sha>"). Snapshots live in their own directory, so a
+// snapshot and a volume may share an ID.
+func SnapshotIDForName(name string) string { return idForName(name, "snap-", hashedSnapshotIDRe) }
+
+// idForName keeps a plain name unless it looks like a hash itself, which
+// would let it collide with the hash of another name.
+func idForName(name, prefix string, hashed *regexp.Regexp) string {
+	if plainNameRe.MatchString(name) && !strings.Contains(name, "..") && !hashed.MatchString(name) {
 		return name
 	}
 	sum := sha256.Sum256([]byte(name))
-	return "vol-" + hex.EncodeToString(sum[:20])
+	return prefix + hex.EncodeToString(sum[:20])
 }
 
 // validID guards every path built from an image ID (the driver validated the
@@ -173,11 +202,18 @@ func validID(id string) error {
 	return nil
 }
 
-// Create implements backend.ImageStore.
+// Create implements backend.ImageStore. With spec.Source the image is a
+// copy of a snapshot or of another volume (see createCopy).
 func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.Image, error) {
 	id := ImageIDForName(spec.Name)
 	if spec.CapacityBytes <= 0 {
 		return nil, errdefs.InvalidArgument("capacity must be positive, got %d", spec.CapacityBytes)
+	}
+	if err := s.checkMutable(spec.MutableParameters); err != nil {
+		return nil, err
+	}
+	if err := validSource(spec.Source); err != nil {
+		return nil, err
 	}
 	var out *backend.Image
 	err := s.withLock(ctx, func() error {
@@ -206,21 +242,30 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			return err
 		default:
 			// No metadata: an image file here is the leftover of an interrupted delete.
-			if err := os.Remove(s.ImagePath(id)); err != nil && !os.IsNotExist(err) {
+			if err := removeIfExists(s.ImagePath(id)); err != nil {
 				return err
 			}
 		}
+		img := backend.Image{
+			ID:                id,
+			Name:              spec.Name,
+			CapacityBytes:     spec.CapacityBytes,
+			AccessType:        spec.AccessType,
+			FsType:            spec.FsType,
+			Parameters:        maps.Clone(spec.Parameters),
+			MutableParameters: maps.Clone(spec.MutableParameters),
+			CreatedAt:         time.Now().UTC().Truncate(time.Second),
+		}
+		if spec.Source != nil {
+			img, err := s.createCopy(ctx, img, *spec.Source)
+			if err != nil {
+				return err
+			}
+			out = img
+			return nil
+		}
 		if err := s.checkSpace(spec.CapacityBytes); err != nil {
 			return err
-		}
-		img := backend.Image{
-			ID:            id,
-			Name:          spec.Name,
-			CapacityBytes: spec.CapacityBytes,
-			AccessType:    spec.AccessType,
-			FsType:        spec.FsType,
-			Parameters:    maps.Clone(spec.Parameters),
-			CreatedAt:     time.Now().UTC().Truncate(time.Second),
 		}
 		if err := s.allocate(&img); err != nil {
 			// Leave nothing behind: not the image, not the record.
@@ -233,6 +278,22 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		return nil
 	})
 	return out, err
+}
+
+// checkMutable runs the backend's validation of mutable parameters; without
+// one, no key is understood.
+func (s *Store) checkMutable(mutable map[string]string) error {
+	if len(mutable) == 0 {
+		return nil
+	}
+	if s.validateMutable == nil {
+		return errdefs.InvalidArgument("mutable parameter %q is not supported by %s (it supports none)", slices.Sorted(maps.Keys(mutable))[0], s.name)
+	}
+	err := s.validateMutable(mutable)
+	if err != nil && errdefs.KindOf(err) == nil {
+		err = errdefs.Wrap(errdefs.ErrInvalidArgument, err, "mutable parameters of %s", s.name)
+	}
+	return err
 }
 
 // allocate makes the sparse file, durably, then the record that makes it a volume.
@@ -249,10 +310,7 @@ func (s *Store) allocate(img *backend.Image) error {
 		err = closeErr
 	}
 	if err != nil {
-		if errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EINVAL) {
-			return errdefs.Wrap(errdefs.ErrOutOfRange, err, "the pool filesystem cannot hold a %d-byte image", img.CapacityBytes)
-		}
-		return spaceError(err, "size image %s", img.ID)
+		return sizeError(err, img.CapacityBytes, "size image %s", img.ID)
 	}
 	if err := s.write(&record{State: stateReady, Image: *img}); err != nil {
 		return spaceError(err, "write metadata of %s", img.ID)
@@ -325,11 +383,19 @@ func compatible(img *backend.Image, spec backend.VolumeSpec) error {
 	if img.AccessType != spec.AccessType {
 		diffs = append(diffs, fmt.Sprintf("it is a %s volume, not %s", img.AccessType, spec.AccessType))
 	}
-	if img.FsType != spec.FsType {
+	// A copy inherits its source's fs type, so a request that names none
+	// asked for whatever the source had.
+	if img.FsType != spec.FsType && (spec.Source == nil || spec.FsType != "") {
 		diffs = append(diffs, fmt.Sprintf("its fs type is %q, not %q", img.FsType, spec.FsType))
 	}
 	if !maps.Equal(img.Parameters, spec.Parameters) {
 		diffs = append(diffs, fmt.Sprintf("its parameters are %v, not %v", img.Parameters, spec.Parameters))
+	}
+	if !maps.Equal(img.MutableParameters, spec.MutableParameters) {
+		diffs = append(diffs, fmt.Sprintf("its mutable parameters are %v, not %v", img.MutableParameters, spec.MutableParameters))
+	}
+	if !sameSource(img.Source, spec.Source) {
+		diffs = append(diffs, fmt.Sprintf("it was copied from %s, not from %s", describeSource(img.Source), describeSource(spec.Source)))
 	}
 	if len(diffs) > 0 {
 		return errdefs.AlreadyExists("volume %q already exists and %s", img.Name, strings.Join(diffs, "; "))
@@ -398,6 +464,20 @@ var ErrUnchanged = errors.New("unchanged")
 // the result. fn's error aborts the update and is returned as it is, except
 // ErrUnchanged, which skips the write.
 func (s *Store) Update(ctx context.Context, id string, fn func(*backend.Image) error) (*backend.Image, error) {
+	return s.update(ctx, id, false, func(img *backend.Image, _ []*backend.Image) error { return fn(img) })
+}
+
+// UpdateInPool is Update for a change that depends on the pool's other
+// images (an attach limit counts a node's attachments across all of them):
+// fn also gets every other ready image, read under the same lock as the
+// update, so no concurrent change can invalidate what fn counted. The others
+// are copies; changing them changes nothing. It reads one record per image,
+// so use Update when fn does not need them.
+func (s *Store) UpdateInPool(ctx context.Context, id string, fn func(img *backend.Image, others []*backend.Image) error) (*backend.Image, error) {
+	return s.update(ctx, id, true, fn)
+}
+
+func (s *Store) update(ctx context.Context, id string, withOthers bool, fn func(*backend.Image, []*backend.Image) error) (*backend.Image, error) {
 	if err := validID(id); err != nil {
 		return nil, err
 	}
@@ -410,8 +490,20 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*backend.Image) e
 		if rec.State != stateReady {
 			return errdefs.NotFound("volume %s is still being created", id)
 		}
+		var others []*backend.Image
+		if withOthers {
+			all, err := s.readAll()
+			if err != nil {
+				return err
+			}
+			for _, r := range all {
+				if r.ID != id {
+					others = append(others, r.Image.Clone())
+				}
+			}
+		}
 		img := rec.Image.Clone()
-		if err := fn(img); errors.Is(err, ErrUnchanged) {
+		if err := fn(img, others); errors.Is(err, ErrUnchanged) {
 			out = rec.Image.Clone()
 			return nil
 		} else if err != nil {

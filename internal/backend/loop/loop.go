@@ -1,17 +1,19 @@
 // Package loop is Spindle's embedded default backend: sparse image files in a
 // pool directory (internal/backend/filestore), exported by recording the
 // node in the image's metadata, attached on the node with
-// "losetup --direct-io=on" and identified through
-// /sys/block/loopN/loop/backing_file.
+// "losetup --direct-io=on" (unless the volume's MutableParamDirectIO says
+// "false") and identified through /sys/block/loopN/loop/backing_file.
 //
 // The pool directory is shared by every node that uses the instance (one
-// machine, or a shared filesystem). Node plugins register themselves in the
-// pool, so the controller can tell a node that can reach the pool from one
-// that cannot.
+// machine, or a shared filesystem), or is on one node's local disk
+// (Config.NodeLocal). Node plugins register themselves in the pool, so the
+// controller can tell a node that can reach the pool from one that cannot.
 package loop
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -29,10 +31,22 @@ const Type = "loop"
 // The read-only flag travels as backend.ContextReadOnly.
 const ContextImagePath = "imagePath"
 
+// MutableParamDirectIO is the one mutable (VolumeAttributesClass) parameter
+// the loop backend understands: "true" (the default) attaches the image with
+// direct I/O, "false" through the page cache of the pool filesystem, for a
+// pool where direct I/O is slow or unavailable, at the cost of caching the
+// data twice. It takes effect at the next attach of the volume; a device
+// already attached keeps its mode.
+const MutableParamDirectIO = "directIO"
+
 // Config is one loop instance of the config file.
 type Config struct {
 	PoolDir             string `json:"poolDir"`
 	MaxProvisionedBytes int64  `json:"maxProvisionedBytes,omitempty"`
+	// NodeLocal says the pool is on this node's local disk, not shared: the
+	// instance's volumes are reachable from this node only, and the driver
+	// reports topology so that pods follow them.
+	NodeLocal bool `json:"nodeLocal,omitempty"`
 }
 
 // New builds the instance named name.
@@ -48,22 +62,52 @@ func NewWithLoopDevices(name string, cfg Config, loops *FakeLoopDevices) (*backe
 
 func newInstance(name string, cfg Config, loops loopDevices) (*backend.Instance, error) {
 	key := Type + "/" + name
-	store, err := filestore.New(filestore.Options{Dir: cfg.PoolDir, Name: key, MaxProvisionedBytes: cfg.MaxProvisionedBytes})
+	store, err := filestore.New(filestore.Options{
+		Dir:                 cfg.PoolDir,
+		Name:                key,
+		MaxProvisionedBytes: cfg.MaxProvisionedBytes,
+		ValidateMutable:     validateMutable,
+	})
 	if err != nil {
 		return nil, err
 	}
 	return &backend.Instance{
-		Type:     Type,
-		Name:     name,
-		Store:    store,
-		Exporter: &Exporter{store: store},
-		Attacher: &Attacher{store: store, loops: loops},
+		Type:      Type,
+		Name:      name,
+		Store:     store,
+		Exporter:  &Exporter{store: store, name: key},
+		Attacher:  &Attacher{store: store, loops: loops},
+		Snapshots: store,
+		NodeLocal: cfg.NodeLocal,
 	}, nil
+}
+
+// validateMutable accepts MutableParamDirectIO with "true" or "false" and
+// nothing else.
+func validateMutable(mutable map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(mutable)) {
+		v := mutable[k]
+		switch k {
+		case MutableParamDirectIO:
+			if v != "true" && v != "false" {
+				return errdefs.InvalidArgument("mutable parameter %s=%q: the value must be \"true\" or \"false\"", k, v)
+			}
+		default:
+			return errdefs.InvalidArgument("mutable parameter %q is not supported by the loop backend (it supports %s)", k, MutableParamDirectIO)
+		}
+	}
+	return nil
+}
+
+// directIO says whether the image is to be attached with direct I/O.
+func directIO(img *backend.Image) bool {
+	return img.MutableParameters[MutableParamDirectIO] != "false"
 }
 
 // Exporter records attachments in the image metadata.
 type Exporter struct {
 	store *filestore.Store
+	name  string // the instance key, for messages
 }
 
 var _ backend.Exporter = (*Exporter)(nil)
@@ -84,12 +128,16 @@ func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) er
 	}
 }
 
-// Publish implements backend.Exporter.
+// Publish implements backend.Exporter. A node registered with a
+// MaxVolumesPerNode is refused a volume beyond that many of this pool's; the
+// count and the new attachment happen under one pool lock, so two publishes
+// racing for the last slot cannot both win.
 func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
-	if _, err := e.store.Node(ctx, att.NodeID); err != nil {
+	node, err := e.store.Node(ctx, att.NodeID)
+	if err != nil {
 		return nil, err
 	}
-	img, err := e.store.Update(ctx, imageID, func(img *backend.Image) error {
+	admit := func(img *backend.Image, others []*backend.Image) error {
 		already, err := backend.Admit(img, att)
 		if err != nil {
 			return err
@@ -97,9 +145,21 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 		if already {
 			return filestore.ErrUnchanged
 		}
+		if limit := node.MaxVolumesPerNode; limit > 0 {
+			if n := publishedTo(others, att.NodeID); n >= limit {
+				return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", att.NodeID, n, e.name, limit)
+			}
+		}
 		img.Attachments = append(img.Attachments, att)
 		return nil
-	})
+	}
+	var img *backend.Image
+	if node.MaxVolumesPerNode > 0 {
+		img, err = e.store.UpdateInPool(ctx, imageID, admit)
+	} else {
+		// No limit to count against: spare reading every record.
+		img, err = e.store.Update(ctx, imageID, func(img *backend.Image) error { return admit(img, nil) })
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -113,6 +173,20 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 		ContextImagePath:        e.store.ImagePath(imageID),
 		backend.ContextReadOnly: strconv.FormatBool(readOnly),
 	}, nil
+}
+
+// publishedTo counts the images published to nodeID.
+func publishedTo(imgs []*backend.Image, nodeID string) int64 {
+	var n int64
+	for _, img := range imgs {
+		for _, a := range img.Attachments {
+			if a.NodeID == nodeID {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // Unpublish implements backend.Exporter.
@@ -171,7 +245,7 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 			return a.device(img, d), nil
 		}
 	}
-	devPath, err := a.loops.Attach(ctx, path, readOnly)
+	devPath, err := a.loops.Attach(ctx, path, readOnly, directIO(img))
 	if err != nil {
 		return nil, err
 	}
@@ -308,6 +382,19 @@ func (a *Attacher) Identify(ctx context.Context, imageID, devicePath string) (*b
 		return nil, errdefs.NotFound("%s is bound to %q, not to volume %s", devicePath, d.BackingFile, imageID)
 	}
 	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly}, nil
+}
+
+// Refresh implements backend.Attacher: after proving devicePath is the
+// image's, it has the loop driver re-read the backing file's size
+// ("losetup --set-capacity") and returns the device's new size.
+func (a *Attacher) Refresh(ctx context.Context, imageID, devicePath string) (int64, error) {
+	if _, err := a.Identify(ctx, imageID, devicePath); err != nil {
+		return 0, err
+	}
+	if err := a.loops.SetCapacity(ctx, devicePath); err != nil {
+		return 0, err
+	}
+	return a.loops.Size(devicePath)
 }
 
 // RecordFormatted implements backend.Attacher.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -30,8 +31,9 @@ type LoopDevice struct {
 // real one runs losetup and reads sysfs; FakeLoopDevices stands in for it in
 // tests that must not need root.
 type loopDevices interface {
-	// Attach binds a free loop device to file (direct I/O) and returns its path.
-	Attach(ctx context.Context, file string, readOnly bool) (string, error)
+	// Attach binds a free loop device to file and returns its path. Without
+	// directIO the device goes through the page cache.
+	Attach(ctx context.Context, file string, readOnly, directIO bool) (string, error)
 	// Detach unbinds dev.
 	Detach(ctx context.Context, dev string) error
 	// BoundTo returns the devices bound to file, including those bound to
@@ -43,6 +45,10 @@ type loopDevices interface {
 	InUse(dev string) (bool, error)
 	// Available reports whether this node can bind loop devices at all.
 	Available() error
+	// SetCapacity makes dev take its backing file's current size.
+	SetCapacity(ctx context.Context, dev string) error
+	// Size returns dev's size in bytes.
+	Size(dev string) (int64, error)
 }
 
 // losetup is the real loopDevices.
@@ -56,10 +62,15 @@ func newLosetup(run *command.Runner) *losetup {
 	return &losetup{run: run, sysRoot: "/sys", devRoot: "/dev"}
 }
 
-func (l *losetup) Attach(ctx context.Context, file string, readOnly bool) (string, error) {
-	// Direct I/O keeps the image's data out of the page cache a second time
-	// and makes the loop device see exactly what is on the backing file.
-	args := []string{"--find", "--show", "--direct-io=on"}
+func (l *losetup) Attach(ctx context.Context, file string, readOnly, directIO bool) (string, error) {
+	// Direct I/O (the default) keeps the image's data out of the page cache
+	// a second time and makes the loop device see exactly what is on the
+	// backing file; a volume may opt out (MutableParamDirectIO).
+	dio := "--direct-io=on"
+	if !directIO {
+		dio = "--direct-io=off"
+	}
+	args := []string{"--find", "--show", dio}
 	if readOnly {
 		args = append(args, "--read-only")
 	}
@@ -131,9 +142,9 @@ func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) 
 
 // Get reads one device's attributes; no scan.
 func (l *losetup) Get(_ context.Context, dev string) (*LoopDevice, error) {
-	name := filepath.Base(dev)
-	if !strings.HasPrefix(name, "loop") || filepath.Join(l.devRoot, name) != dev {
-		return nil, errdefs.InvalidArgument("%s is not a loop device path", dev)
+	name, err := l.deviceName(dev)
+	if err != nil {
+		return nil, err
 	}
 	d, err := l.device(name)
 	if err != nil {
@@ -143,6 +154,51 @@ func (l *losetup) Get(_ context.Context, dev string) (*LoopDevice, error) {
 		return nil, errdefs.NotFound("loop device %s is not bound", dev)
 	}
 	return d, nil
+}
+
+// deviceName returns "loopN" for "/dev/loopN", refusing any other path, so
+// that no sysfs path is built from something that is not a loop device.
+func (l *losetup) deviceName(dev string) (string, error) {
+	name := filepath.Base(dev)
+	if !strings.HasPrefix(name, "loop") || filepath.Join(l.devRoot, name) != dev {
+		return "", errdefs.InvalidArgument("%s is not a loop device path", dev)
+	}
+	return name, nil
+}
+
+// SetCapacity runs "losetup --set-capacity", which has the loop driver
+// re-read the backing file's size (after the image was grown).
+func (l *losetup) SetCapacity(ctx context.Context, dev string) error {
+	if _, err := l.deviceName(dev); err != nil {
+		return err
+	}
+	_, err := l.run.Run(ctx, "losetup", "--set-capacity", dev)
+	if err != nil && strings.Contains(command.Stderr(err), "No such device") {
+		return errdefs.Wrap(errdefs.ErrNotFound, err, "loop device %s is not bound", dev)
+	}
+	return err
+}
+
+// Size reads the device's size from sysfs, which counts 512-byte sectors
+// whatever the device's block size.
+func (l *losetup) Size(dev string) (int64, error) {
+	name, err := l.deviceName(dev)
+	if err != nil {
+		return 0, err
+	}
+	path := filepath.Join(l.sysRoot, "block", name, "size")
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return 0, errdefs.NotFound("loop device %s does not exist", dev)
+	}
+	if err != nil {
+		return 0, err
+	}
+	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return sectors * 512, nil
 }
 
 // device reads the attributes of /sys/block/<name>; nil when it is not bound.

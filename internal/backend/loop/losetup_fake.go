@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"sync"
 
@@ -18,8 +19,13 @@ type FakeLoopDevices struct {
 	Busy    map[string]bool        // devices InUse reports as held
 	Max     int                    // number of loop devices; 0 = unlimited
 	next    int
-	// Calls records "attach <file> ro=<bool>" and "detach <dev>".
+	// Calls records "attach <file> ro=<bool>" (with " direct-io=off" when
+	// the device is to bypass direct I/O), "detach <dev>" and
+	// "set-capacity <dev>".
 	Calls []string
+	// Sizes are the devices' sizes in bytes, taken from the backing file
+	// at attach and by SetCapacity, as the kernel does.
+	Sizes map[string]int64
 	// Open are devices a process holds open without O_EXCL: InUse does not
 	// see them and Detach only arms autoclear, as the kernel does. Close
 	// ends the hold.
@@ -30,20 +36,64 @@ var _ loopDevices = (*FakeLoopDevices)(nil)
 
 // NewFakeLoopDevices returns an empty fake.
 func NewFakeLoopDevices() *FakeLoopDevices {
-	return &FakeLoopDevices{Devices: map[string]*LoopDevice{}, Busy: map[string]bool{}, Open: map[string]bool{}}
+	return &FakeLoopDevices{Devices: map[string]*LoopDevice{}, Busy: map[string]bool{}, Open: map[string]bool{}, Sizes: map[string]int64{}}
 }
 
-func (f *FakeLoopDevices) Attach(_ context.Context, file string, readOnly bool) (string, error) {
+func (f *FakeLoopDevices) Attach(_ context.Context, file string, readOnly, directIO bool) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.Calls = append(f.Calls, fmt.Sprintf("attach %s ro=%t", file, readOnly))
+	call := fmt.Sprintf("attach %s ro=%t", file, readOnly)
+	if !directIO {
+		call += " direct-io=off"
+	}
+	f.Calls = append(f.Calls, call)
 	if f.Max > 0 && len(f.Devices) >= f.Max {
 		return "", errdefs.Exhausted("no free loop device on this node")
 	}
 	dev := fmt.Sprintf("/dev/loop%d", f.next)
 	f.next++
 	f.Devices[dev] = &LoopDevice{Path: dev, BackingFile: file, ReadOnly: readOnly}
+	if f.Sizes == nil {
+		f.Sizes = map[string]int64{}
+	}
+	f.Sizes[dev] = fileSize(file)
 	return dev, nil
+}
+
+// fileSize is the size a loop device takes from its backing file: whole
+// 512-byte sectors; 0 for a file that is not there (the fake binds anything).
+func fileSize(file string) int64 {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return 0
+	}
+	return fi.Size() &^ 511
+}
+
+// SetCapacity takes the backing file's current size, as the kernel does.
+func (f *FakeLoopDevices) SetCapacity(_ context.Context, dev string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls = append(f.Calls, "set-capacity "+dev)
+	d, ok := f.Devices[dev]
+	if !ok {
+		return errdefs.NotFound("loop device %s is not bound", dev)
+	}
+	if f.Sizes == nil {
+		f.Sizes = map[string]int64{}
+	}
+	f.Sizes[dev] = fileSize(d.BackingFile)
+	return nil
+}
+
+// Size returns the size recorded at attach or by the last SetCapacity.
+func (f *FakeLoopDevices) Size(dev string) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.Devices[dev]; !ok {
+		return 0, errdefs.NotFound("loop device %s does not exist", dev)
+	}
+	return f.Sizes[dev], nil
 }
 
 func (f *FakeLoopDevices) Detach(_ context.Context, dev string) error {
@@ -55,6 +105,7 @@ func (f *FakeLoopDevices) Detach(_ context.Context, dev string) error {
 		return nil
 	}
 	delete(f.Devices, dev)
+	delete(f.Sizes, dev)
 	return nil
 }
 
@@ -66,6 +117,7 @@ func (f *FakeLoopDevices) Close(dev string) {
 	delete(f.Open, dev)
 	if d, ok := f.Devices[dev]; ok && d.AutoClear {
 		delete(f.Devices, dev)
+		delete(f.Sizes, dev)
 	}
 }
 

@@ -21,6 +21,7 @@ func TestLosetupAttach(t *testing.T) {
 	tests := []struct {
 		name     string
 		readOnly bool
+		buffered bool // the image's directIO mutable parameter is "false"
 		step     *commandtest.Step
 		want     string
 		kind     error // with wantErr
@@ -36,6 +37,19 @@ func TestLosetupAttach(t *testing.T) {
 			readOnly: true,
 			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--read-only", "/pool/a.img").Prints("/dev/loop7\n"),
 			want:     "/dev/loop7",
+		},
+		{
+			name:     "direct I/O off",
+			buffered: true,
+			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=off", "/pool/a.img").Prints("/dev/loop4\n"),
+			want:     "/dev/loop4",
+		},
+		{
+			name:     "direct I/O off, read-only",
+			readOnly: true,
+			buffered: true,
+			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=off", "--read-only", "/pool/a.img").Prints("/dev/loop5\n"),
+			want:     "/dev/loop5",
 		},
 		{
 			name:    "no free device",
@@ -58,7 +72,7 @@ func TestLosetupAttach(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := scripted(t, tt.step)
-			dev, err := l.Attach(t.Context(), "/pool/a.img", tt.readOnly)
+			dev, err := l.Attach(t.Context(), "/pool/a.img", tt.readOnly, !tt.buffered)
 			if tt.wantErr == "" {
 				if err != nil || dev != tt.want {
 					t.Fatalf("Attach = %q, %v; want %q", dev, err, tt.want)
@@ -176,5 +190,74 @@ func TestLosetupInUseOfMissingDevice(t *testing.T) {
 	busy, err := newLosetup(nil).InUse(filepath.Join(t.TempDir(), "loop99"))
 	if err != nil || busy {
 		t.Fatalf("InUse of a device that does not exist = %t, %v; want free", busy, err)
+	}
+}
+
+func TestLosetupSetCapacity(t *testing.T) {
+	tests := []struct {
+		name    string
+		step    *commandtest.Step
+		kind    error
+		wantErr string
+	}{
+		{name: "refreshes", step: commandtest.Expect("losetup", "--set-capacity", "/dev/loop3")},
+		{
+			name:    "device gone",
+			step:    commandtest.Expect("losetup", "--set-capacity", "/dev/loop3").Exits(1, "losetup: /dev/loop3: set capacity failed: No such device or address"),
+			kind:    errdefs.ErrNotFound,
+			wantErr: "not bound",
+		},
+		{
+			name:    "other failure keeps stderr",
+			step:    commandtest.Expect("losetup", "--set-capacity", "/dev/loop3").Exits(1, "losetup: /dev/loop3: set capacity failed: Permission denied"),
+			wantErr: "Permission denied",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := scripted(t, tt.step).SetCapacity(t.Context(), "/dev/loop3")
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || errdefs.KindOf(err) != tt.kind {
+				t.Fatalf("SetCapacity = %v (kind %v); want kind %v naming %q", err, errdefs.KindOf(err), tt.kind, tt.wantErr)
+			}
+		})
+	}
+	t.Run("not a loop device: no command", func(t *testing.T) {
+		err := scripted(t).SetCapacity(t.Context(), "/dev/sda")
+		if errdefs.KindOf(err) != errdefs.ErrInvalidArgument {
+			t.Fatalf("SetCapacity(/dev/sda) = %v, want invalid argument", err)
+		}
+	})
+}
+
+// TestLosetupSize reads /sys/block/loopN/size, which counts 512-byte sectors.
+func TestLosetupSize(t *testing.T) {
+	sys := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(sys, "block", "loop3"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sys, "block", "loop3", "size"), []byte("24576\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(sys, "block", "loop4"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sys, "block", "loop4", "size"), []byte("lots\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l := &losetup{sysRoot: sys, devRoot: "/dev"}
+	if size, err := l.Size("/dev/loop3"); err != nil || size != 12<<20 {
+		t.Fatalf("Size(/dev/loop3) = %d, %v; want %d", size, err, 12<<20)
+	}
+	for dev, kind := range map[string]error{"/dev/loop9": errdefs.ErrNotFound, "/dev/sda": errdefs.ErrInvalidArgument, "/dev/loop4": nil} {
+		_, err := l.Size(dev)
+		if err == nil || errdefs.KindOf(err) != kind {
+			t.Errorf("Size(%s) = %v, want an error of kind %v", dev, err, kind)
+		}
 	}
 }
