@@ -23,9 +23,20 @@ type Filesystem struct {
 	mkfsArgs []string
 	// mountOptions are always added.
 	mountOptions []string
+	// maxUnusedTail is how much of the end of its device a filesystem may
+	// leave unused when it is made or grown to fill it; NeedsGrow sees a
+	// bigger gap as a device that grew. It must stay below 16 MiB, so that
+	// growing a device by 16 MiB or more is always noticed, and at or above
+	// what mkfs leaves on a device of any size, or every stage would grow
+	// (for ext4: e2fsck -f) a filesystem that cannot grow. The figures and
+	// how they were measured: TestNeedsGrowMeasuredTails.
+	maxUnusedTail int64
 }
 
-const mib = 1 << 20
+const (
+	kib = 1 << 10
+	mib = 1 << 20
+)
 
 var filesystems = map[string]Filesystem{
 	"ext4": {
@@ -33,6 +44,13 @@ var filesystems = map[string]Filesystem{
 		MinBytes: 1 * mib,
 		mkfs:     "mkfs.ext4",
 		mkfsArgs: []string{"-q", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
+		// mke2fs and resize2fs drop a last block group too small for its
+		// own metadata: up to 2 MiB on 64 MiB..2 GiB devices, 6 MiB at
+		// 43 GiB and 7 MiB at 2 TiB where the last group holds a backup
+		// superblock, and by the same rule (2 + inode table + 1 + group
+		// descriptors + reserved GDT + 50 blocks) under 9.3 MiB up to
+		// 16 TiB with the default geometry.
+		maxUnusedTail: 12 * mib,
 	},
 	"xfs": {
 		Name:     "xfs",
@@ -42,12 +60,19 @@ var filesystems = map[string]Filesystem{
 		// Clones and snapshots share the UUID of their source; without nouuid
 		// the second one refuses to mount on the same node.
 		mountOptions: []string{"nouuid"},
+		// mkfs.xfs uses the whole device below 4 TiB (to the 4 KiB block);
+		// from 4 TiB on it drops a last allocation group under 16 MiB,
+		// which xfs_growfs then claims (it leaves less than 64 blocks), so
+		// that tail makes NeedsGrow true once and never again.
+		maxUnusedTail: 512 * kib,
 	},
 	"btrfs": {
 		Name:     "btrfs",
 		MinBytes: 109 * mib, // mkfs.btrfs: "minimum size for each btrfs device is 114294784"
 		mkfs:     "mkfs.btrfs",
 		mkfsArgs: []string{"-q", "-K"},
+		// btrfs uses the whole device, rounded down to its 4 KiB sector.
+		maxUnusedTail: 512 * kib,
 	},
 }
 

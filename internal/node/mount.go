@@ -24,11 +24,23 @@ type DataPath struct {
 	// deviceSize returns the size of the block device at a path, and fails
 	// for anything that is not a block device. Tests replace it.
 	deviceSize func(path string) (int64, error)
+	// blockDeviceAt is BlockDeviceAt; health tests replace it.
+	blockDeviceAt func(path string) (major, minor uint32, ok bool, err error)
+	// stat is os.Stat without the result; health tests replace it to fake
+	// a dead mount (ENOTCONN, ESTALE, EIO).
+	stat func(path string) error
+	// programsHaveCapability tells whether the programs the data path runs
+	// get a capability; tests replace it.
+	programsHaveCapability func(capBit uint) (bool, error)
 }
 
 // New returns a DataPath running its commands through run.
 func New(run *command.Runner) *DataPath {
-	return &DataPath{run: run, kernel: linuxMounts{}, mountInfoPath: "/proc/self/mountinfo", deviceSize: BlockDeviceSize}
+	return &DataPath{
+		run: run, kernel: linuxMounts{}, mountInfoPath: "/proc/self/mountinfo",
+		deviceSize: BlockDeviceSize, blockDeviceAt: BlockDeviceAt, stat: statPath,
+		programsHaveCapability: programsHaveCapability,
+	}
 }
 
 // Mount is one entry of the mount table, with paths unescaped.
@@ -41,6 +53,9 @@ type Mount struct {
 	MountPoint string
 	FsType     string
 	Options    []string // per-mount options: rw/ro, nosuid, ...
+	// SuperOptions are the filesystem's own options, shared by all its
+	// mounts: rw/ro, errors=remount-ro, ...
+	SuperOptions []string
 }
 
 // ReadOnly reports whether the mount is read-only.
@@ -65,6 +80,7 @@ func (d *DataPath) Mounts() ([]Mount, error) {
 			ID: mi.ID, Major: mi.Major, Minor: mi.Minor,
 			Root: unescapeOctal(mi.Root), Source: unescapeOctal(mi.Source),
 			MountPoint: unescapeOctal(mi.MountPoint), FsType: mi.FsType, Options: mi.MountOptions,
+			SuperOptions: mi.SuperOptions,
 		})
 	}
 	return out, nil
@@ -155,6 +171,11 @@ func CheckHealthy(path string) (corrupted bool, err error) {
 		return true, nil
 	}
 	return false, err
+}
+
+func statPath(path string) error {
+	_, err := os.Stat(path)
+	return err
 }
 
 // MountDevice mounts dev on target as fsType with options.
