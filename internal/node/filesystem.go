@@ -19,7 +19,9 @@ type Filesystem struct {
 	mkfs     string
 	// mkfsArgs come before the user's mkfsOptions. A fresh sparse image needs
 	// no discard (it is all holes already), and lazy initialisation keeps mkfs
-	// from writing zeros the image already reads as.
+	// from writing zeros the image already reads as. Blocks and sectors are
+	// 4 KiB, so the filesystem mounts on a device of 512-byte or 4 KiB
+	// sectors alike (a loop device over a reflinked image has 4 KiB ones).
 	mkfsArgs []string
 	// mountOptions are always added.
 	mountOptions []string
@@ -43,7 +45,7 @@ var filesystems = map[string]Filesystem{
 		Name:     "ext4",
 		MinBytes: 1 * mib,
 		mkfs:     "mkfs.ext4",
-		mkfsArgs: []string{"-q", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
+		mkfsArgs: []string{"-q", "-b", "4096", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
 		// mke2fs and resize2fs drop a last block group too small for its
 		// own metadata: up to 2 MiB on 64 MiB..2 GiB devices, 6 MiB at
 		// 43 GiB and 7 MiB at 2 TiB where the last group holds a backup
@@ -56,7 +58,7 @@ var filesystems = map[string]Filesystem{
 		Name:     "xfs",
 		MinBytes: 300 * mib, // mkfs.xfs: "Filesystem must be larger than 300MB"
 		mkfs:     "mkfs.xfs",
-		mkfsArgs: []string{"-q", "-K"},
+		mkfsArgs: []string{"-q", "-K", "-s", "size=4096"},
 		// Clones and snapshots share the UUID of their source; without nouuid
 		// the second one refuses to mount on the same node.
 		mountOptions: []string{"nouuid"},

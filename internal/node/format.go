@@ -149,11 +149,14 @@ func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (for
 }
 
 // StageFilesystem brings a device to its staged state: the filesystem made
-// if (and only if) the device is blank and was never formatted, then mounted
-// at target. recordFormatted runs between mkfs and mount whenever the image
-// store does not yet know the device holds the filesystem, so a crash after
-// mkfs never leaves a filesystem the store calls blank. The commands run in
-// exactly this order: blkid, [mkfs], mount.
+// if (and only if) the device is blank and was never formatted, grown if
+// its device grew while it was not staged, then mounted at target.
+// recordFormatted runs between mkfs and mount whenever the image store does
+// not yet know the device holds the filesystem, so a crash after mkfs never
+// leaves a filesystem the store calls blank. The commands run in exactly
+// this order: blkid, [mkfs], [ext4: size check, e2fsck, resize2fs], mount,
+// [xfs, btrfs: size check, grow]. A filesystem just made fills its device,
+// and one staged read-only cannot be grown, so neither is checked.
 func (d *DataPath) StageFilesystem(ctx context.Context, req FormatRequest, target string, mountOptions []string, recordFormatted func(context.Context) error) (formatted bool, err error) {
 	formatted, err = d.EnsureFilesystem(ctx, req)
 	if err != nil {
@@ -164,8 +167,34 @@ func (d *DataPath) StageFilesystem(ctx context.Context, req FormatRequest, targe
 			return formatted, fmt.Errorf("record that %s holds %s: %w", req.Device, req.Filesystem.Name, err)
 		}
 	}
+	checkGrowth := !formatted && !req.ReadOnly
+	growsOffline := req.Filesystem.Name == "ext4"
+	if checkGrowth && growsOffline {
+		if err := d.growIfNeeded(ctx, req.Device, req.Filesystem.Name, ""); err != nil {
+			return formatted, err
+		}
+	}
 	if err := d.MountDevice(ctx, req.Device, target, req.Filesystem.Name, mountOptions); err != nil {
 		return formatted, err
 	}
+	if checkGrowth && !growsOffline {
+		if err := d.growIfNeeded(ctx, req.Device, req.Filesystem.Name, target); err != nil {
+			// Leave nothing half-done: the caller's rollback unmounts.
+			return formatted, err
+		}
+	}
 	return formatted, nil
+}
+
+// growIfNeeded grows the filesystem on dev when its device grew while the
+// volume was not staged (a ControllerExpandVolume of an unused volume).
+func (d *DataPath) growIfNeeded(ctx context.Context, dev, fsType, mountPath string) error {
+	grow, err := d.NeedsGrow(ctx, dev, fsType)
+	if err != nil || !grow {
+		return err
+	}
+	if err := d.GrowFilesystem(ctx, dev, fsType, mountPath); err != nil {
+		return fmt.Errorf("grow the %s filesystem on %s to its device's size: %w", fsType, dev, err)
+	}
+	return nil
 }

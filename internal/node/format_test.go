@@ -20,8 +20,8 @@ const (
 // Command lines as the Script reports them in Ran().
 var (
 	blkidLine     = "blkid -p -o export " + testDev
-	ext4MkfsArgs  = []string{"-q", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"}
-	xfsMkfsArgs   = []string{"-q", "-K"}
+	ext4MkfsArgs  = []string{"-q", "-b", "4096", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"}
+	xfsMkfsArgs   = []string{"-q", "-K", "-s", "size=4096"}
 	btrfsMkfsArgs = []string{"-q", "-K"}
 )
 
@@ -93,7 +93,7 @@ func TestStageFilesystem(t *testing.T) {
 				commandtest.Expect("mount", "-t", "xfs", "-o", "nouuid", testDev, testTarget),
 			},
 			wantFormatted:     true,
-			wantRecordedAfter: []string{blkidLine, "mkfs.xfs -q -K " + testDev},
+			wantRecordedAfter: []string{blkidLine, "mkfs.xfs " + strings.Join(join(xfsMkfsArgs, []string{testDev}), " ")},
 		},
 		{
 			name: "blank device gets btrfs; no mount options means no -o",
@@ -107,13 +107,49 @@ func TestStageFilesystem(t *testing.T) {
 			wantRecordedAfter: []string{blkidLine, "mkfs.btrfs -q -K " + testDev},
 		},
 		{
-			name: "requested filesystem already there and the store does not know: record, mount, no mkfs",
+			name: "requested filesystem already there and the store does not know: record, size check, mount, no mkfs",
 			fs:   "ext4",
 			steps: []*commandtest.Step{
 				blkid().Prints(blkidFilesystem("ext4")),
+				sizeStep(t, "ext4", 1<<30), // fills the 1 GiB device
 				commandtest.Expect("mount", "-t", "ext4", testDev, testTarget),
 			},
 			wantRecordedAfter: []string{blkidLine},
+		},
+		{
+			// ControllerExpandVolume while nobody had the volume staged.
+			name:             "ext4 smaller than its device: checked and grown offline before the mount",
+			fs:               "ext4",
+			alreadyFormatted: true,
+			steps: []*commandtest.Step{
+				blkid().Prints(blkidFilesystem("ext4")),
+				sizeStep(t, "ext4", 512<<20),
+				e2fsck(),
+				resize2fs(),
+				commandtest.Expect("mount", "-t", "ext4", testDev, testTarget),
+			},
+		},
+		{
+			name:             "xfs smaller than its device: grown once mounted",
+			fs:               "xfs",
+			alreadyFormatted: true,
+			mountOptions:     []string{"nouuid"},
+			steps: []*commandtest.Step{
+				blkid().Prints(blkidFilesystem("xfs")),
+				commandtest.Expect("mount", "-t", "xfs", "-o", "nouuid", testDev, testTarget),
+				sizeStep(t, "xfs", 512<<20),
+				commandtest.Expect("xfs_growfs", testTarget),
+			},
+		},
+		{
+			name:             "btrfs that fills its device: size check only",
+			fs:               "btrfs",
+			alreadyFormatted: true,
+			steps: []*commandtest.Step{
+				blkid().Prints(blkidFilesystem("btrfs")),
+				commandtest.Expect("mount", "-t", "btrfs", testDev, testTarget),
+				sizeStep(t, "btrfs", 1<<30),
+			},
 		},
 		{
 			name:             "requested filesystem already there and recorded: mount only",
@@ -335,7 +371,7 @@ func TestEnsureFilesystem(t *testing.T) {
 			req:  FormatRequest{Device: testDev, Filesystem: mustFS(t, "xfs"), MkfsOptions: []string{"-m", "reflink=1"}},
 			steps: []*commandtest.Step{
 				blkid().Exits(2, ""),
-				mkfs("xfs", "-q", "-K", "-m", "reflink=1", testDev),
+				mkfs("xfs", "-q", "-K", "-s", "size=4096", "-m", "reflink=1", testDev),
 			},
 			wantFormatted: true,
 		},

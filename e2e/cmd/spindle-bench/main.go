@@ -252,9 +252,11 @@ func plainLifecycle(ctx context.Context, dir string, size int64, rec *recorder) 
 		args func() []string
 	}{
 		{"truncate", func() []string { return []string{"truncate", "-s", fmt.Sprint(size), img} }},
-		{"losetup", func() []string { return []string{"losetup", "--find", "--show", "--direct-io=on", img} }},
+		{"losetup", func() []string {
+			return []string{"losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", img}
+		}},
 		{"mkfs.ext4", func() []string {
-			return []string{"mkfs.ext4", "-q", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", dev}
+			return []string{"mkfs.ext4", "-q", "-b", "4096", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", dev}
 		}},
 		{"mount", func() []string { return []string{"mount", "-t", "ext4", dev, staging} }},
 		{"mount --bind", func() []string { return []string{"mount", "--bind", staging, target} }},

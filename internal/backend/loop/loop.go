@@ -397,6 +397,12 @@ func (a *Attacher) Refresh(ctx context.Context, imageID, devicePath string) (int
 	return a.loops.Size(devicePath)
 }
 
+// CheckImage reports, for the volume-health RPCs, whether the image file the
+// node's devices are bound to is still in the pool.
+func (a *Attacher) CheckImage(ctx context.Context, imageID string) error {
+	return a.store.CheckImage(ctx, imageID)
+}
+
 // RecordFormatted implements backend.Attacher.
 func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
 	_, err := a.store.Update(ctx, imageID, func(img *backend.Image) error {

@@ -51,6 +51,9 @@ type loopDevices interface {
 	Size(dev string) (int64, error)
 }
 
+// SectorSize is the logical sector size of every loop device Spindle binds.
+const SectorSize = 4096
+
 // losetup is the real loopDevices.
 type losetup struct {
 	run     *command.Runner
@@ -70,7 +73,13 @@ func (l *losetup) Attach(ctx context.Context, file string, readOnly, directIO bo
 	if !directIO {
 		dio = "--direct-io=off"
 	}
-	args := []string{"--find", "--show", dio}
+	// Every device gets 4 KiB logical sectors, whatever the pool: direct I/O
+	// needs the sector size to be a multiple of the backing file's DIO
+	// alignment, and that alignment grows from 512 bytes to the block size
+	// the moment a file on xfs or btrfs shares extents with a snapshot or a
+	// clone. A fixed 4 KiB keeps one geometry for an image's whole life, so
+	// a filesystem made before a snapshot mounts after it.
+	args := []string{"--find", "--show", dio, "--sector-size", strconv.Itoa(SectorSize)}
 	if readOnly {
 		args = append(args, "--read-only")
 	}

@@ -29,43 +29,43 @@ func TestLosetupAttach(t *testing.T) {
 	}{
 		{
 			name: "read-write",
-			step: commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Prints("/dev/loop3\n"),
+			step: commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "/pool/a.img").Prints("/dev/loop3\n"),
 			want: "/dev/loop3",
 		},
 		{
 			name:     "read-only",
 			readOnly: true,
-			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--read-only", "/pool/a.img").Prints("/dev/loop7\n"),
+			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "--read-only", "/pool/a.img").Prints("/dev/loop7\n"),
 			want:     "/dev/loop7",
 		},
 		{
 			name:     "direct I/O off",
 			buffered: true,
-			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=off", "/pool/a.img").Prints("/dev/loop4\n"),
+			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=off", "--sector-size", "4096", "/pool/a.img").Prints("/dev/loop4\n"),
 			want:     "/dev/loop4",
 		},
 		{
 			name:     "direct I/O off, read-only",
 			readOnly: true,
 			buffered: true,
-			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=off", "--read-only", "/pool/a.img").Prints("/dev/loop5\n"),
+			step:     commandtest.Expect("losetup", "--find", "--show", "--direct-io=off", "--sector-size", "4096", "--read-only", "/pool/a.img").Prints("/dev/loop5\n"),
 			want:     "/dev/loop5",
 		},
 		{
 			name:    "no free device",
-			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Exits(1, "losetup: cannot find an unused loop device: could not find any free loop device"),
+			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "/pool/a.img").Exits(1, "losetup: cannot find an unused loop device: could not find any free loop device"),
 			kind:    errdefs.ErrExhausted,
 			wantErr: "no free loop device",
 		},
 		{
 			name:    "other failure keeps stderr",
-			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Exits(1, "losetup: /pool/a.img: failed to set up loop device: Permission denied"),
+			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "/pool/a.img").Exits(1, "losetup: /pool/a.img: failed to set up loop device: Permission denied"),
 			wantErr: "Permission denied",
 		},
 		{
 			// Never hand on something that is not a loop device path.
 			name:    "unexpected output",
-			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "/pool/a.img").Prints("/dev/sda\n"),
+			step:    commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "/pool/a.img").Prints("/dev/sda\n"),
 			wantErr: "not a loop device",
 		},
 	}
