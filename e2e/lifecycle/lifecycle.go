@@ -31,6 +31,10 @@ const (
 	StepUnstage             = "NodeUnstageVolume"
 	StepControllerUnpublish = "ControllerUnpublishVolume"
 	StepDelete              = "DeleteVolume"
+	StepSnapshot            = "CreateSnapshot"
+	StepDeleteSnapshot      = "DeleteSnapshot"
+	StepControllerExpand    = "ControllerExpandVolume"
+	StepNodeExpand          = "NodeExpandVolume"
 )
 
 // Observer is told about every RPC the Client makes.
@@ -103,14 +107,24 @@ func (c *Client) call(ctx context.Context, step, volumeID string, rpc func(conte
 // where the volume will be staged (kubelet's globalmount, here any directory
 // path; for block volumes a path whose parent exists).
 func (c *Client) Create(ctx context.Context, name string, size int64, vc *csi.VolumeCapability, params map[string]string, stagingPath string) (*Volume, error) {
+	return c.CreateFrom(ctx, name, size, vc, params, stagingPath, nil)
+}
+
+// CreateFrom is Create with a content source: a snapshot (FromSnapshot) or
+// another volume (FromVolume). size 0 takes the source's size.
+func (c *Client) CreateFrom(ctx context.Context, name string, size int64, vc *csi.VolumeCapability, params map[string]string, stagingPath string, source *csi.VolumeContentSource) (*Volume, error) {
 	v := &Volume{Name: name, Capability: vc, StagingPath: stagingPath}
 	err := c.call(ctx, StepCreate, name, func(ctx context.Context) error {
-		resp, err := c.Driver.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
-			Name:               name,
-			CapacityRange:      &csi.CapacityRange{RequiredBytes: size},
-			VolumeCapabilities: []*csi.VolumeCapability{vc},
-			Parameters:         params,
-		})
+		req := &csi.CreateVolumeRequest{
+			Name:                name,
+			VolumeCapabilities:  []*csi.VolumeCapability{vc},
+			Parameters:          params,
+			VolumeContentSource: source,
+		}
+		if size > 0 {
+			req.CapacityRange = &csi.CapacityRange{RequiredBytes: size}
+		}
+		resp, err := c.Driver.Controller.CreateVolume(ctx, req)
 		if err != nil {
 			return err
 		}
@@ -191,6 +205,70 @@ func (c *Client) Delete(ctx context.Context, v *Volume) error {
 		_, err := c.Driver.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.ID})
 		return err
 	})
+}
+
+// FromSnapshot is a content source naming a snapshot.
+func FromSnapshot(snapshotID string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapshotID}}}
+}
+
+// FromVolume is a content source naming a volume (a clone).
+func FromVolume(volumeID string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volumeID}}}
+}
+
+// Snapshot takes a snapshot of v and returns its ID.
+func (c *Client) Snapshot(ctx context.Context, name string, v *Volume) (string, error) {
+	var id string
+	err := c.call(ctx, StepSnapshot, v.ID, func(ctx context.Context) error {
+		resp, err := c.Driver.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.ID})
+		if err != nil {
+			return err
+		}
+		if !resp.GetSnapshot().GetReadyToUse() {
+			return fmt.Errorf("snapshot %s is not ready to use", resp.GetSnapshot().GetSnapshotId())
+		}
+		id = resp.GetSnapshot().GetSnapshotId()
+		return nil
+	})
+	return id, err
+}
+
+// DeleteSnapshot deletes a snapshot.
+func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	return c.call(ctx, StepDeleteSnapshot, snapshotID, func(ctx context.Context) error {
+		_, err := c.Driver.Controller.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapshotID})
+		return err
+	})
+}
+
+// ControllerExpand grows v to size bytes, as the external-resizer does.
+func (c *Client) ControllerExpand(ctx context.Context, v *Volume, size int64) error {
+	return c.call(ctx, StepControllerExpand, v.ID, func(ctx context.Context) error {
+		resp, err := c.Driver.Controller.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{
+			VolumeId: v.ID, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: v.Capability,
+		})
+		if err != nil {
+			return err
+		}
+		v.CapacityBytes = resp.GetCapacityBytes()
+		return nil
+	})
+}
+
+// NodeExpand has the node grow v at path (its staging path or a pod's), as
+// kubelet does after ControllerExpand; it returns the size the node sees.
+func (c *Client) NodeExpand(ctx context.Context, v *Volume, path string) (int64, error) {
+	var size int64
+	err := c.call(ctx, StepNodeExpand, v.ID, func(ctx context.Context) error {
+		resp, err := c.Driver.Node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{
+			VolumeId: v.ID, VolumePath: path, StagingTargetPath: v.StagingPath, VolumeCapability: v.Capability,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: v.CapacityBytes},
+		})
+		size = resp.GetCapacityBytes()
+		return err
+	})
+	return size, err
 }
 
 // Attach is ControllerPublish then Stage; Detach is Unstage then

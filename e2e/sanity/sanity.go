@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
@@ -35,10 +37,16 @@ func (idGen) GenerateInvalidVolumeID() string     { return "not-a-spindle-volume
 func (idGen) GenerateUniqueValidNodeID() string   { return "sanity-unknown-node-" + random() }
 func (idGen) GenerateInvalidNodeID() string       { return "not a node id!" }
 
+// attachLimit is the driver's --max-volumes-per-node in the sanity runs;
+// csi-sanity's attach-limit spec publishes this many volumes and one more.
+const attachLimit = 8
+
 // Run runs csi-sanity with the given access type ("mount" or "block") and
-// reports how many specs ran, passed, failed and were skipped.
-func Run(t *testing.T, accessType string) {
-	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: 16})
+// reports how many specs ran, passed, failed and were skipped. With
+// nodeLocal the loop instance is node-local, so the driver reports
+// topology and the topology specs run too.
+func Run(t *testing.T, accessType string, nodeLocal bool) {
+	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal})
 	dir := harness.TempDir(t)
 
 	cfg := sanity.NewTestConfig()
@@ -49,11 +57,15 @@ func Run(t *testing.T, accessType string) {
 	cfg.TestVolumeSize = 64 << 20
 	cfg.IDGen = idGen{}
 	cfg.IdempotentCount = 3
+	cfg.TestVolumeExpandSize = 128 << 20
+	cfg.TestNodeVolumeAttachLimit = true
+	cfg.TestVolumeMutableParameters = map[string]string{"directIO": "false"}
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)
 
 	var summary string
 	ginkgo.ReportAfterSuite("spec count", func(r ginkgo.Report) {
 		ran, passed, failed, skipped := 0, 0, 0, 0
+		var notRun []string
 		for _, s := range r.SpecReports {
 			if s.LeafNodeType != types.NodeTypeIt {
 				continue
@@ -61,6 +73,11 @@ func Run(t *testing.T, accessType string) {
 			switch {
 			case s.State == types.SpecStateSkipped || s.State == types.SpecStatePending:
 				skipped++
+				why := s.Failure.Message
+				if s.State == types.SpecStatePending {
+					why = "pending in csi-sanity itself"
+				}
+				notRun = append(notRun, fmt.Sprintf("  not run: %s — %s", s.FullText(), why))
 			case s.State == types.SpecStatePassed:
 				ran++
 				passed++
@@ -69,8 +86,16 @@ func Run(t *testing.T, accessType string) {
 				failed++
 			}
 		}
-		summary = fmt.Sprintf("csi-sanity (%s): %d of %d specs ran: %d passed, %d failed; %d skipped",
-			accessType, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
+		topology := "shared pool"
+		if nodeLocal {
+			topology = "node-local pool, topology on"
+		}
+		summary = fmt.Sprintf("csi-sanity (%s, %s): %d of %d specs ran: %d passed, %d failed; %d skipped",
+			accessType, topology, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
+		sort.Strings(notRun)
+		if len(notRun) > 0 {
+			summary += "\n" + strings.Join(notRun, "\n")
+		}
 	})
 	sc := sanity.GinkgoTest(&cfg)
 	gomega.RegisterFailHandler(ginkgo.Fail)

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
 	"time"
 
@@ -27,6 +28,18 @@ var controllerCapabilities = []csi.ControllerServiceCapability_RPC_Type{
 	csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 	csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
 	csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+	csi.ControllerServiceCapability_RPC_GET_VOLUME,
+	csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+	csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+	csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+	csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+	csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+	csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+	csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
+	csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 }
 
 func (s *controllerService) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
@@ -47,9 +60,6 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 	if err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, errdefs.InvalidArgument("volume_content_source: creating a volume from a snapshot or another volume is not supported yet")
-	}
 	params, err := s.d.parseParameters(req.GetParameters())
 	if err != nil {
 		return nil, err
@@ -60,17 +70,28 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_capabilities[%d]", i)
 		}
 	}
+	if err := s.d.checkAccessibility(inst, req.GetAccessibilityRequirements(), "accessibility_requirements"); err != nil {
+		return nil, err
+	}
+	source, err := s.resolveSource(ctx, inst, req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
+	}
 
 	spec := backend.VolumeSpec{
-		Name:          req.GetName(),
-		RequiredBytes: req.GetCapacityRange().GetRequiredBytes(),
-		LimitBytes:    req.GetCapacityRange().GetLimitBytes(),
-		AccessType:    caps[0].accessType,
-		Parameters:    params.shaping,
+		Name:              req.GetName(),
+		RequiredBytes:     req.GetCapacityRange().GetRequiredBytes(),
+		LimitBytes:        req.GetCapacityRange().GetLimitBytes(),
+		AccessType:        caps[0].accessType,
+		Parameters:        params.shaping,
+		MutableParameters: req.GetMutableParameters(),
 	}
 	var minBytes int64
 	if spec.AccessType == backend.AccessMount {
 		spec.FsType = caps[0].fsType
+		if spec.FsType == "" && source != nil {
+			spec.FsType = source.fsType // a copy keeps the filesystem it holds
+		}
 		if spec.FsType == "" {
 			spec.FsType = node.DefaultFsType
 		}
@@ -80,8 +101,23 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		}
 		minBytes = fs.MinBytes
 	}
-	if spec.CapacityBytes, err = resolveCapacity(req.GetCapacityRange(), minBytes); err != nil {
+	capacity := req.GetCapacityRange()
+	if source != nil {
+		spec.Source = &source.ContentSource
+		// A copy is at least as big as what it copies; without a size it
+		// is exactly as big.
+		if required := capacity.GetRequiredBytes(); required == 0 {
+			capacity = &csi.CapacityRange{RequiredBytes: source.sizeBytes, LimitBytes: capacity.GetLimitBytes()}
+		}
+		if limit := capacity.GetLimitBytes(); limit > 0 && limit < source.sizeBytes {
+			return nil, errdefs.OutOfRange("capacity_range.limit_bytes %d is smaller than the %d-byte source %s", limit, source.sizeBytes, source.id)
+		}
+	}
+	if spec.CapacityBytes, err = resolveCapacity(capacity, minBytes); err != nil {
 		return nil, err
+	}
+	if source != nil && spec.CapacityBytes < source.sizeBytes {
+		return nil, errdefs.OutOfRange("a volume of %d bytes cannot hold its %d-byte source %s", spec.CapacityBytes, source.sizeBytes, source.id)
 	}
 
 	release, err := s.d.locks.acquire("create/"+req.GetName(), "volume name "+req.GetName())
@@ -94,15 +130,96 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 	if err != nil {
 		return nil, err
 	}
+	vol, err := s.d.csiVolume(inst, img)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: vol}, nil
+}
+
+// contentSource is a validated volume_content_source and what the new
+// volume inherits from it.
+type contentSource struct {
+	backend.ContentSource
+	id         string // the CSI ID, for messages
+	sizeBytes  int64
+	accessType backend.AccessType
+	fsType     string
+}
+
+// resolveSource validates a content source and looks it up. A source that
+// cannot exist (not a Spindle ID) or does not exist is NOT_FOUND; one in
+// another backend instance is INVALID_ARGUMENT, since images are copied
+// within a pool.
+func (s *controllerService) resolveSource(ctx context.Context, inst *backend.Instance, cs *csi.VolumeContentSource) (*contentSource, error) {
+	if cs == nil {
+		return nil, nil
+	}
+	var field, raw string
+	switch t := cs.GetType().(type) {
+	case *csi.VolumeContentSource_Snapshot:
+		field, raw = "volume_content_source.snapshot.snapshot_id", t.Snapshot.GetSnapshotId()
+	case *csi.VolumeContentSource_Volume:
+		field, raw = "volume_content_source.volume.volume_id", t.Volume.GetVolumeId()
+	default:
+		return nil, errdefs.InvalidArgument("volume_content_source must name a snapshot or a volume")
+	}
+	if raw == "" {
+		return nil, errdefs.InvalidArgument("%s is required", field)
+	}
+	id, err := volumeid.Parse(raw)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "%s %q names no Spindle volume or snapshot", field, raw)
+	}
+	if id.InstanceKey() != inst.Key() {
+		return nil, errdefs.InvalidArgument("%s %q is in backend %s; a copy is made within one backend instance, and this volume goes to %s", field, raw, id.InstanceKey(), inst.Key())
+	}
+	out := &contentSource{id: raw}
+	if _, ok := cs.GetType().(*csi.VolumeContentSource_Snapshot); ok {
+		if inst.Snapshots == nil {
+			return nil, errdefs.InvalidArgument("backend %s takes no snapshots", inst.Key())
+		}
+		snap, err := inst.Snapshots.GetSnapshot(ctx, id.Image)
+		if err != nil {
+			return nil, err
+		}
+		out.SnapshotID, out.sizeBytes, out.accessType, out.fsType = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType
+		return out, nil
+	}
+	img, err := inst.Store.Get(ctx, id.Image)
+	if err != nil {
+		return nil, err
+	}
+	out.ImageID, out.sizeBytes, out.accessType, out.fsType = img.ID, img.CapacityBytes, img.AccessType, img.FsType
+	return out, nil
+}
+
+// csiVolume describes an image as CreateVolume, ListVolumes and
+// ControllerGetVolume return it.
+func (d *Driver) csiVolume(inst *backend.Instance, img *backend.Image) (*csi.Volume, error) {
 	id, err := volumeid.New(inst.Type, inst.Name, img.ID)
 	if err != nil {
 		return nil, err
 	}
-	return &csi.CreateVolumeResponse{Volume: &csi.Volume{
-		VolumeId:      id.String(),
-		CapacityBytes: img.CapacityBytes,
-		VolumeContext: volumeContext(params),
-	}}, nil
+	vol := &csi.Volume{
+		VolumeId:           id.String(),
+		CapacityBytes:      img.CapacityBytes,
+		VolumeContext:      maps.Clone(img.Parameters),
+		AccessibleTopology: d.accessibleTopology(inst),
+	}
+	if src := img.Source; src != nil {
+		switch {
+		case src.SnapshotID != "":
+			vol.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: inst.Key() + "/" + src.SnapshotID},
+			}}
+		case src.ImageID != "":
+			vol.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: inst.Key() + "/" + src.ImageID},
+			}}
+		}
+	}
+	return vol, nil
 }
 
 func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
@@ -274,4 +391,34 @@ func (s *controllerService) ValidateVolumeCapabilities(ctx context.Context, req 
 		VolumeCapabilities: req.GetVolumeCapabilities(),
 		Parameters:         req.GetParameters(),
 	}}, nil
+}
+
+// ControllerModifyVolume changes a volume's mutable parameters (its
+// VolumeAttributesClass); the backend says which it understands, and they
+// take effect when the volume is next attached.
+func (s *controllerService) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, errdefs.InvalidArgument("volume_id is required")
+	}
+	id, err := volumeid.Parse(req.GetVolumeId())
+	if err != nil {
+		// No volume can have this ID, so the volume does not exist.
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "volume_id %q names no Spindle volume", req.GetVolumeId())
+	}
+	if len(req.GetMutableParameters()) == 0 {
+		return nil, errdefs.InvalidArgument("mutable_parameters is required")
+	}
+	inst, err := s.d.instanceFor(id)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.d.locks.acquire("volume/"+id.String(), "volume "+id.String())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if _, err := inst.Store.Modify(ctx, id.Image, req.GetMutableParameters()); err != nil {
+		return nil, err
+	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
 }

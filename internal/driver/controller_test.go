@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -401,14 +403,27 @@ func TestControllerGetCapabilities(t *testing.T) {
 		csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 		csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("controller capabilities = %v, want exactly %v", got, want)
 	}
-	// Every RPC not in the matrix answers UNIMPLEMENTED.
-	unimplemented := map[string]func() error{
+	// Every RPC the matrix claims is served: an empty request gets an
+	// answer about the request, never UNIMPLEMENTED.
+	served := map[string]func() error{
 		"ListVolumes": func() error {
 			_, err := e.cs.ListVolumes(context.Background(), &csi.ListVolumesRequest{})
 			return err
@@ -425,12 +440,28 @@ func TestControllerGetCapabilities(t *testing.T) {
 			_, err := e.cs.CreateSnapshot(context.Background(), &csi.CreateSnapshotRequest{})
 			return err
 		},
+		"ListSnapshots": func() error {
+			_, err := e.cs.ListSnapshots(context.Background(), &csi.ListSnapshotsRequest{})
+			return err
+		},
 		"ControllerGetVolume": func() error {
 			_, err := e.cs.ControllerGetVolume(context.Background(), &csi.ControllerGetVolumeRequest{})
 			return err
 		},
+		"ControllerModifyVolume": func() error {
+			_, err := e.cs.ControllerModifyVolume(context.Background(), &csi.ControllerModifyVolumeRequest{})
+			return err
+		},
+		"ControllerListVolumeHealth": func() error {
+			_, err := e.cs.ControllerListVolumeHealth(context.Background(), &csi.ControllerListVolumeHealthRequest{})
+			return err
+		},
 	}
-	for name, f := range unimplemented {
-		t.Run(name, func(t *testing.T) { wantCode(t, f(), codes.Unimplemented) })
+	for name, f := range served {
+		t.Run(name, func(t *testing.T) {
+			if err := f(); status.Code(err) == codes.Unimplemented {
+				t.Fatalf("%s is in the capability matrix but answers %v", name, err)
+			}
+		})
 	}
 }

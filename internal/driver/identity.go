@@ -19,12 +19,23 @@ func (s *identityService) GetPluginInfo(context.Context, *csi.GetPluginInfoReque
 }
 
 func (s *identityService) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	service := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
+		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
+	}
 	var caps []*csi.PluginCapability
 	if s.d.opts.Mode.Controller() {
-		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
-			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE},
-		}})
+		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE))
 	}
+	if s.d.hasNodeLocal() {
+		caps = append(caps,
+			service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+			service(csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS))
+	}
+	// xfs and btrfs grow while mounted; ext4 does too where the node
+	// plugin has CAP_SYS_RESOURCE (and otherwise grows at the next stage).
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE},
+	}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 

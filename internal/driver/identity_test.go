@@ -58,11 +58,19 @@ func TestGetPluginCapabilities(t *testing.T) {
 				t.Fatal(err)
 			}
 			var services []csi.PluginCapability_Service_Type
+			online := false
 			for _, c := range resp.GetCapabilities() {
-				if c.GetService() == nil {
+				switch {
+				case c.GetVolumeExpansion().GetType() == csi.PluginCapability_VolumeExpansion_ONLINE:
+					online = true
+				case c.GetService() != nil:
+					services = append(services, c.GetService().GetType())
+				default:
 					t.Fatalf("unexpected plugin capability %v", c)
 				}
-				services = append(services, c.GetService().GetType())
+			}
+			if !online {
+				t.Error("online volume expansion not reported")
 			}
 			var want []csi.PluginCapability_Service_Type
 			if tt.wantController {
@@ -90,6 +98,9 @@ func TestNodeGetCapabilities(t *testing.T) {
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 	}
 	slices.Sort(got)
 	slices.Sort(want)

@@ -28,6 +28,9 @@ var nodeCapabilities = []csi.NodeServiceCapability_RPC_Type{
 	csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 	csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 	csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+	csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+	csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 }
 
 func (s *nodeService) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -41,7 +44,11 @@ func (s *nodeService) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilit
 }
 
 func (s *nodeService) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: s.d.opts.NodeID, MaxVolumesPerNode: s.d.opts.MaxVolumesPerNode}, nil
+	resp := &csi.NodeGetInfoResponse{NodeId: s.d.opts.NodeID, MaxVolumesPerNode: s.d.opts.MaxVolumesPerNode}
+	if s.d.hasNodeLocal() {
+		resp.AccessibleTopology = s.d.nodeTopology()
+	}
+	return resp, nil
 }
 
 // parseReadOnly reads the controller's read-only grant from publish_context.
@@ -663,41 +670,16 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 	if err != nil {
 		return nil, err
 	}
-	if !filepath.IsAbs(path) {
-		return nil, errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %s", path, id)
-	}
-	major, minor, isDev, err := node.BlockDeviceAt(path)
-	if os.IsNotExist(err) {
-		return nil, errdefs.NotFound("volume_path %s does not exist", path)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if isDev {
-		d, err := s.identify(ctx, inst, id, node.DevicePath(major, minor))
-		if err != nil {
-			return nil, err
-		}
-		if d == nil {
-			return nil, errdefs.NotFound("volume_path %s is a device, but not one of volume %s", path, id)
-		}
-		size, err := node.DeviceSizeBytes(major, minor)
-		if err != nil {
-			return nil, err
-		}
-		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
-	}
-	m, err := s.d.data.MountAt(path)
+	dev, m, err := s.volumeAt(ctx, inst, id, path)
 	if err != nil {
 		return nil, err
 	}
 	if m == nil {
-		return nil, errdefs.NotFound("volume_path %s is not a mount of volume %s", path, id)
-	}
-	if d, err := s.mountedDevice(ctx, inst, id, m); err != nil {
-		return nil, err
-	} else if d == nil {
-		return nil, errdefs.NotFound("volume_path %s is not a mount of volume %s (it holds %s %s)", path, id, m.FsType, m.Source)
+		size, err := node.DeviceSizeBytes(dev.major, dev.minor)
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}
 	u, err := node.UsageOf(path)
 	if err != nil {

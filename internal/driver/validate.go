@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"maps"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -193,7 +192,7 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 				vp.mkfsOptions = opts
 				vp.shaping[k] = strings.Join(opts, " ")
 			}
-		case strings.HasPrefix(k, provisionerPrefix):
+		case isProvisionerKey(k):
 		default:
 			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s)", k, paramBackend, paramMkfsOptions)
 		}
@@ -217,16 +216,8 @@ func parseMkfsOptions(s string) ([]string, error) {
 	return fields, nil
 }
 
-// volumeContext is what CreateVolume hands the node (through the PV's
-// volumeAttributes) beyond the capability.
-func volumeContext(vp volumeParameters) map[string]string {
-	if len(vp.shaping) == 0 {
-		return nil
-	}
-	return maps.Clone(vp.shaping)
-}
-
-// mkfsOptionsFromContext reads back what volumeContext wrote.
+// mkfsOptionsFromContext reads the mkfsOptions CreateVolume put in the
+// volume context (the image's shaping parameters, see csiVolume).
 func mkfsOptionsFromContext(vc map[string]string) ([]string, error) {
 	return parseMkfsOptions(vc[paramMkfsOptions])
 }
@@ -281,3 +272,7 @@ func resolveCapacity(cr *csi.CapacityRange, minBytes int64) (int64, error) {
 	}
 	return size, nil
 }
+
+// isProvisionerKey reports whether a parameter key was added by a sidecar
+// (--extra-create-metadata), not by the user: informational, never shaping.
+func isProvisionerKey(k string) bool { return strings.HasPrefix(k, provisionerPrefix) }

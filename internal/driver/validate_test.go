@@ -61,9 +61,18 @@ func TestCreateVolumeValidation(t *testing.T) {
 		{"required above limit", func(r *csi.CreateVolumeRequest) {
 			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 20 * mib, LimitBytes: 10 * mib}
 		}, codes.InvalidArgument, []string{"capacity_range.required_bytes", "exceeds limit_bytes"}},
-		{"content source", func(r *csi.CreateVolumeRequest) {
-			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "loop/default/x"}}}
-		}, codes.InvalidArgument, []string{"volume_content_source"}},
+		{"content source in another backend instance", func(r *csi.CreateVolumeRequest) {
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "loop/fast/x"}}}
+		}, codes.InvalidArgument, []string{"volume_content_source.volume.volume_id", "loop/fast", "loop/default"}},
+		{"content source that does not exist", func(r *csi.CreateVolumeRequest) {
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "loop/default/snap-x"}}}
+		}, codes.NotFound, []string{"snap-x"}},
+		{"content source that is no Spindle ID", func(r *csi.CreateVolumeRequest) {
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "not-an-id"}}}
+		}, codes.NotFound, []string{"volume_content_source.volume.volume_id", "not-an-id"}},
+		{"content source without an ID", func(r *csi.CreateVolumeRequest) {
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{}}}
+		}, codes.InvalidArgument, []string{"volume_content_source.volume.volume_id is required"}},
 		{"limit below the xfs minimum", func(r *csi.CreateVolumeRequest) {
 			r.VolumeCapabilities[0] = mountCap("xfs", snw)
 			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 10 * mib, LimitBytes: 100 * mib}

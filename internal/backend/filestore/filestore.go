@@ -456,6 +456,25 @@ func (s *Store) Get(_ context.Context, id string) (*backend.Image, error) {
 	return rec.Image.Clone(), nil
 }
 
+// CheckImage reports whether the image's data is still there: ErrNotFound
+// when its file is gone (the record alone cannot bring the data back).
+func (s *Store) CheckImage(_ context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	st, err := os.Stat(s.ImagePath(id))
+	if os.IsNotExist(err) {
+		return errdefs.NotFound("the image file %s of volume %s is missing", s.ImagePath(id), id)
+	}
+	if err != nil {
+		return fmt.Errorf("check image %s: %w", id, err)
+	}
+	if !st.Mode().IsRegular() {
+		return errdefs.NotFound("%s is no image file", s.ImagePath(id))
+	}
+	return nil
+}
+
 // ErrUnchanged, returned by an Update function, ends the update without
 // writing: the image is returned as it is.
 var ErrUnchanged = errors.New("unchanged")
