@@ -234,13 +234,10 @@ func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVol
 			zap.String("volumeID", req.GetVolumeId()), zap.Error(err))
 		return &csi.DeleteVolumeResponse{}, nil
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		// The ID is ours but its backend is not configured here: answering
-		// "deleted" would make Kubernetes forget an image that still exists.
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("volume/"+id.String(), "volume "+id.String())
+	// An ID that is ours but whose backend is not configured here is an
+	// error: answering "deleted" would make Kubernetes forget an image
+	// that still exists.
+	inst, release, err := s.d.lockVolume("volume", id)
 	if err != nil {
 		return nil, err
 	}
@@ -408,11 +405,7 @@ func (s *controllerService) ControllerModifyVolume(ctx context.Context, req *csi
 	if len(req.GetMutableParameters()) == 0 {
 		return nil, errdefs.InvalidArgument("mutable_parameters is required")
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("volume/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("volume", id)
 	if err != nil {
 		return nil, err
 	}

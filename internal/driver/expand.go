@@ -28,11 +28,7 @@ func (s *controllerService) ControllerExpandVolume(ctx context.Context, req *csi
 			return nil, err
 		}
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("volume/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("volume", id)
 	if err != nil {
 		return nil, err
 	}
@@ -83,11 +79,7 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 			return nil, err
 		}
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("node", id)
 	if err != nil {
 		return nil, err
 	}

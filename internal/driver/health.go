@@ -85,16 +85,12 @@ func (s *controllerService) ControllerListVolumeHealth(ctx context.Context, req 
 			sick = append(sick, entry{e.id, ps})
 		}
 	}
-	ids := make([]string, len(sick))
-	for i := range sick {
-		ids[i] = sick[i].id
-	}
-	from, to, next, err := s.d.page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	page, next, err := pageOf(s.d, sick, func(e entry) string { return e.id }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
 	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
-	for _, e := range sick[from:to] {
+	for _, e := range page {
 		resp.Entries = append(resp.Entries, volumeHealth(e.id, e.problems))
 	}
 	return resp, nil

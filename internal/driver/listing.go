@@ -48,26 +48,27 @@ func (d *Driver) decodePageToken(token string) (string, error) {
 	return after, nil
 }
 
-// page cuts the entries after the token's position, at most maxEntries of
-// them, from ids sorted ascending; it returns the range and the next token.
-func (d *Driver) page(ids []string, startingToken string, maxEntries int32) (from, to int, next string, err error) {
+// pageOf cuts the page after the token's position, at most maxEntries
+// items, from items sorted ascending by idOf; it returns the page and the
+// next token ("" on the last page).
+func pageOf[T any](d *Driver, items []T, idOf func(T) string, startingToken string, maxEntries int32) ([]T, string, error) {
 	if maxEntries < 0 {
-		return 0, 0, "", errdefs.InvalidArgument("max_entries must not be negative, got %d", maxEntries)
+		return nil, "", errdefs.InvalidArgument("max_entries must not be negative, got %d", maxEntries)
 	}
 	after, err := d.decodePageToken(startingToken)
 	if err != nil {
-		return 0, 0, "", err
+		return nil, "", err
 	}
-	from = sort.SearchStrings(ids, after)
-	if from < len(ids) && ids[from] == after && after != "" {
-		from++
+	from := 0
+	if after != "" {
+		from = sort.Search(len(items), func(i int) bool { return idOf(items[i]) > after })
 	}
-	to = len(ids)
+	to, next := len(items), ""
 	if maxEntries > 0 && from+int(maxEntries) < to {
 		to = from + int(maxEntries)
-		next = encodePageToken(ids[to-1])
+		next = encodePageToken(idOf(items[to-1]))
 	}
-	return from, to, next, nil
+	return items[from:to], next, nil
 }
 
 // instanceImage is an image and the instance that holds it.
@@ -107,16 +108,12 @@ func (s *controllerService) ListVolumes(ctx context.Context, req *csi.ListVolume
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, len(all))
-	for i := range all {
-		ids[i] = all[i].id
-	}
-	from, to, next, err := s.d.page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	page, next, err := pageOf(s.d, all, func(e instanceImage) string { return e.id }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
 	resp := &csi.ListVolumesResponse{NextToken: next}
-	for _, e := range all[from:to] {
+	for _, e := range page {
 		vol, err := s.d.csiVolume(e.inst, e.img)
 		if err != nil {
 			return nil, err

@@ -3,7 +3,9 @@ package driver
 import (
 	"sync"
 
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
 // operationLocks allows one operation per key at a time. A second caller
@@ -36,4 +38,21 @@ func (l *operationLocks) acquire(key, what string) (release func(), err error) {
 			l.mu.Unlock()
 		})
 	}, nil
+}
+
+// lockVolume returns the backend instance serving id with the operation lock
+// of scope held ("node" for node-side operations, "volume" for controller
+// ones on the image), so that a second call on the same volume is ABORTED.
+// The instance is looked up first: an unconfigured backend is refused
+// before anything is locked.
+func (d *Driver) lockVolume(scope string, id volumeid.ID) (*backend.Instance, func(), error) {
+	inst, err := d.instanceFor(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	release, err := d.locks.acquire(scope+"/"+id.String(), "volume "+id.String())
+	if err != nil {
+		return nil, nil, err
+	}
+	return inst, release, nil
 }

@@ -182,11 +182,7 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("node", id)
 	if err != nil {
 		return nil, err
 	}
@@ -333,11 +329,7 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 	if err := validatePath("staging_target_path", staging); err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("node", id)
 	if err != nil {
 		return nil, err
 	}
@@ -424,11 +416,7 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("node", id)
 	if err != nil {
 		return nil, err
 	}
@@ -597,11 +585,7 @@ func (s *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpu
 	if err := validatePath("target_path", target); err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("node/"+id.String(), "volume "+id.String())
+	inst, release, err := s.d.lockVolume("node", id)
 	if err != nil {
 		return nil, err
 	}

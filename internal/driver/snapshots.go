@@ -159,16 +159,12 @@ func (s *controllerService) ListSnapshots(ctx context.Context, req *csi.ListSnap
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].id < all[j].id })
-	ids := make([]string, len(all))
-	for i := range all {
-		ids[i] = all[i].id
-	}
-	from, to, next, err := s.d.page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	page, next, err := pageOf(s.d, all, func(e entry) string { return e.id }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
 	resp := &csi.ListSnapshotsResponse{NextToken: next}
-	for _, e := range all[from:to] {
+	for _, e := range page {
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s.d.csiSnapshot(e.inst, e.snap)})
 	}
 	return resp, nil

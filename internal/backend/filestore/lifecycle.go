@@ -31,39 +31,22 @@ func (s *Store) List(context.Context) ([]*backend.Image, error) {
 // than its record: harmless, since nothing trusts the file's size over the
 // record, and the retried Expand writes the record.
 func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend.Image, error) {
-	if err := validID(id); err != nil {
-		return nil, err
-	}
-	var out *backend.Image
-	err := s.withLock(ctx, func() error {
-		rec, err := s.read(id)
-		if err != nil {
-			return err
-		}
-		if rec.State != stateReady {
-			return errdefs.NotFound("volume %s is still being created", id)
-		}
+	return s.Update(ctx, id, func(img *backend.Image) error {
 		switch {
-		case newBytes == rec.CapacityBytes:
-			out = rec.Image.Clone()
-			return nil
-		case newBytes < rec.CapacityBytes:
-			return errdefs.OutOfRange("volume %s is %d bytes and cannot shrink to %d bytes", id, rec.CapacityBytes, newBytes)
+		case newBytes == img.CapacityBytes:
+			return ErrUnchanged
+		case newBytes < img.CapacityBytes:
+			return errdefs.OutOfRange("volume %s is %d bytes and cannot shrink to %d bytes", id, img.CapacityBytes, newBytes)
 		}
-		if err := s.checkSpace(newBytes - rec.CapacityBytes); err != nil {
+		if err := s.checkSpace(newBytes - img.CapacityBytes); err != nil {
 			return err
 		}
 		if err := s.growFile(id, newBytes); err != nil {
 			return err
 		}
-		rec.CapacityBytes = newBytes
-		if err := s.write(rec); err != nil {
-			return spaceError(err, "write metadata of %s", id)
-		}
-		out = rec.Image.Clone()
+		img.CapacityBytes = newBytes
 		return nil
 	})
-	return out, err
 }
 
 // growFile makes the image file at least size bytes long, durably. It never
