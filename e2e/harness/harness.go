@@ -115,45 +115,12 @@ func Start(t testing.TB, o Options) *Driver {
 }
 
 // FilesystemPool makes a pool directory on a filesystem of its own (fsType,
-// on a loop device over a sparse file in the test's temp dir) and returns
-// it; everything is unmounted and detached when the test ends. Tests use it
-// for pools that can reflink (xfs, btrfs), unlike the ext4 or tmpfs that
-// usually holds /tmp.
+// on a loop device over a sparse file) and returns it; everything is
+// unmounted and detached when the test ends. Tests use it for pools that can
+// reflink (xfs, btrfs), unlike the ext4 or tmpfs that usually holds /tmp.
 func FilesystemPool(t testing.TB, fsType string, sizeBytes int64) string {
 	t.Helper()
-	testutil.RequireRoot(t, "mount a filesystem for the pool")
-	testutil.RequireCommands(t, "mkfs."+fsType, "losetup")
-	dir := TempDir(t)
-	backing := filepath.Join(dir, "pool-fs.img")
-	pool := filepath.Join(dir, "pool")
-	if err := os.Mkdir(pool, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(backing, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(backing, sizeBytes); err != nil {
-		t.Fatal(err)
-	}
-	run := func(name string, args ...string) string {
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %v: %v: %s", name, args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	dev := run("losetup", "--find", "--show", backing)
-	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
-	run("mkfs."+fsType, "-q", dev)
-	run("mount", "-t", fsType, dev, pool)
-	// Runs before the detach above (cleanups run last first), and after
-	// the cleanups of anything started later that uses the pool.
-	t.Cleanup(func() {
-		if err := exec.Command("umount", pool).Run(); err != nil {
-			t.Errorf("unmount the pool filesystem %s: %v", pool, err)
-		}
-	})
-	return pool
+	return testutil.ScratchFilesystem(t, fsType, sizeBytes, "-q")
 }
 
 // ProcessOptions describe a driver run as a child process from its binary,

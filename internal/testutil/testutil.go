@@ -4,13 +4,18 @@
 package testutil
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot skips t unless it runs as root; why says what needs root.
@@ -51,4 +56,66 @@ func WantKind(t testing.TB, err, kind error, mentions ...string) {
 			t.Fatalf("error %q does not name %q", err, m)
 		}
 	}
+}
+
+// ScratchFilesystem mounts a fresh filesystem of fsType (xfs, btrfs or ext4
+// on a loop device over a sparse file, or tmpfs) of sizeBytes and returns
+// its mount point; the mount and the loop device go away when the test
+// ends. Tests use it for pools with properties /tmp lacks: reflink (xfs,
+// btrfs), none (ext4, tmpfs), a size small enough to fill. mkfsArgs come
+// before the device on mkfs's command line.
+func ScratchFilesystem(t testing.TB, fsType string, sizeBytes int64, mkfsArgs ...string) string {
+	t.Helper()
+	RequireRoot(t, "mount a scratch "+fsType+" filesystem")
+	dir := filepath.Join(t.TempDir(), "mnt-"+fsType)
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	source, data := "spindle-test", ""
+	if fsType == "tmpfs" {
+		data = fmt.Sprintf("size=%d,mode=0750", sizeBytes)
+	} else {
+		RequireCommands(t, "losetup", "mkfs."+fsType)
+		file := filepath.Join(t.TempDir(), fsType+".fs")
+		if err := os.WriteFile(file, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(file, sizeBytes); err != nil {
+			t.Fatal(err)
+		}
+		run(t, "mkfs."+fsType, append(mkfsArgs, file)...)
+		source = strings.TrimSpace(run(t, "losetup", "--find", "--show", file))
+		t.Cleanup(func() {
+			if out, err := exec.Command("losetup", "--detach", source).CombinedOutput(); err != nil {
+				t.Errorf("losetup --detach %s: %v: %s", source, err, out)
+			}
+		})
+	}
+	if err := unix.Mount(source, dir, fsType, unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+		t.Fatalf("mount %s %s on %s: %v", fsType, source, dir, err)
+	}
+	// Registered after t.TempDir's removal and the detach, so it runs first.
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+	return dir
+}
+
+func run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).Output()
+	if err != nil {
+		stderr := ""
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, stderr)
+	}
+	return string(out)
 }

@@ -1,14 +1,7 @@
 package filestore
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -25,64 +18,14 @@ var mkfsArgs = map[string][]string{
 	"ext4":  {"-q", "-F"},
 }
 
-// scratchFS mounts a fresh filesystem of type fstype (xfs, btrfs, ext4 on a
-// loop-backed file, or tmpfs) of size bytes (0: scratchSizes) and returns its
-// mount point. The mount and its loop device go away when the test ends.
+// scratchFS mounts a fresh filesystem of type fstype of size bytes (0:
+// scratchSizes) for the test; see testutil.ScratchFilesystem.
 func scratchFS(t *testing.T, fstype string, size int64) string {
 	t.Helper()
-	testutil.RequireRoot(t, "mount a scratch "+fstype+" filesystem")
-	dir := filepath.Join(t.TempDir(), "mnt-"+fstype)
-	if err := os.Mkdir(dir, 0o750); err != nil {
-		t.Fatal(err)
-	}
 	if size == 0 {
 		size = scratchSizes[fstype]
 	}
-	source, flags, data := "spindle-test", uintptr(unix.MS_NOSUID|unix.MS_NODEV), ""
-	if fstype == "tmpfs" {
-		data = fmt.Sprintf("size=%d,mode=0750", size)
-	} else {
-		testutil.RequireCommands(t, "losetup", "mkfs."+fstype)
-		file := filepath.Join(t.TempDir(), fstype+".fs")
-		if err := os.WriteFile(file, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(file, size); err != nil {
-			t.Fatal(err)
-		}
-		run(t, "mkfs."+fstype, append(mkfsArgs[fstype], file)...)
-		source = strings.TrimSpace(run(t, "losetup", "--find", "--show", file))
-		t.Cleanup(func() {
-			if out, err := exec.Command("losetup", "--detach", source).CombinedOutput(); err != nil {
-				t.Errorf("losetup --detach %s: %v: %s", source, err, out)
-			}
-		})
-	}
-	if err := unix.Mount(source, dir, fstype, flags, data); err != nil {
-		t.Fatalf("mount %s %s on %s: %v", fstype, source, dir, err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, 0); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-			_ = unix.Unmount(dir, unix.MNT_DETACH)
-		}
-	})
-	return dir
-}
-
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).Output()
-	if err != nil {
-		stderr := ""
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = string(ee.Stderr)
-		}
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, stderr)
-	}
-	return string(out)
+	return testutil.ScratchFilesystem(t, fstype, size, mkfsArgs[fstype]...)
 }
 
 // allocated is how many bytes of the file the filesystem has allocated.
