@@ -757,15 +757,7 @@ func TestCreateENOSPC(t *testing.T) {
 // the same pool directory each with its own instance; the pool flock, not a
 // mutex in one process, keeps them consistent.
 func TestTwoInstancesShareThePool(t *testing.T) {
-	pool := filepath.Join(t.TempDir(), "pool")
-	var insts [2]*backend.Instance
-	for i := range insts {
-		inst, err := loop.NewWithLoopDevices("shared", loop.Config{PoolDir: pool}, loop.NewFakeLoopDevices())
-		if err != nil {
-			t.Fatal(err)
-		}
-		insts[i] = inst
-	}
+	insts := sharedPoolInstances(t)
 	ctx := t.Context()
 	for _, n := range []string{"n1", "n2"} {
 		if err := insts[1].Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: n}); err != nil {
@@ -810,4 +802,21 @@ func TestTwoInstancesShareThePool(t *testing.T) {
 	if err != nil || len(img.Attachments) != 1 {
 		t.Fatalf("Get = %+v, %v; want one attachment", img, err)
 	}
+}
+
+// sharedPoolInstances opens one pool directory twice, as a controller and a
+// node plugin (or two controllers) do, each instance with its own fake loop
+// driver: only the pool's flock ties them together.
+func sharedPoolInstances(t *testing.T) [2]*backend.Instance {
+	t.Helper()
+	pool := filepath.Join(t.TempDir(), "pool")
+	var insts [2]*backend.Instance
+	for i := range insts {
+		inst, err := loop.NewWithLoopDevices("shared", loop.Config{PoolDir: pool}, loop.NewFakeLoopDevices())
+		if err != nil {
+			t.Fatal(err)
+		}
+		insts[i] = inst
+	}
+	return insts
 }

@@ -239,15 +239,7 @@ func TestAttachLimit(t *testing.T) {
 // room for one. The count and the grant happen under one pool lock, so
 // exactly one wins.
 func TestAttachLimitRace(t *testing.T) {
-	pool := filepath.Join(t.TempDir(), "pool")
-	var insts [2]*backend.Instance
-	for i := range insts {
-		inst, err := loop.NewWithLoopDevices("shared", loop.Config{PoolDir: pool}, loop.NewFakeLoopDevices())
-		if err != nil {
-			t.Fatal(err)
-		}
-		insts[i] = inst
-	}
+	insts := sharedPoolInstances(t)
 	ctx := t.Context()
 	if err := insts[0].Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: "n-one", MaxVolumesPerNode: 1}); err != nil {
 		t.Fatal(err)
