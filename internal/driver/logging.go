@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/spindle-csi/spindle/internal/backend"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
@@ -37,6 +38,11 @@ func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServe
 		}
 		d.logRPC(info.FullMethod, req, resp, time.Since(start), err)
 	}()
+	// Secrets reach the backend in the context (backend.SecretsFrom), the
+	// same way for every RPC that carries them.
+	if r, ok := req.(interface{ GetSecrets() map[string]string }); ok {
+		ctx = backend.WithSecrets(ctx, r.GetSecrets())
+	}
 	resp, err = handler(ctx, req)
 	return resp, toStatus(err)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/spindle-csi/spindle/internal/backend"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
@@ -279,5 +280,44 @@ func TestInterceptorMapsErrors(t *testing.T) {
 		_, err := e.d.interceptor(context.Background(), &csi.ProbeRequest{}, &grpc.UnaryServerInfo{FullMethod: "/csi.v1.Identity/Probe"},
 			func(context.Context, any) (any, error) { return nil, tt.err })
 		wantCode(t, err, tt.code, tt.err.Error())
+	}
+}
+
+// Every request that carries CSI secrets hands them to the backend in the
+// context; requests without secrets carry none.
+func TestInterceptorPassesSecretsToTheBackend(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	tests := []struct {
+		method string
+		req    any
+		want   map[string]string
+	}{
+		{"/csi.v1.Controller/CreateVolume", &csi.CreateVolumeRequest{Name: "a", Secrets: map[string]string{"userKey": "k1"}}, map[string]string{"userKey": "k1"}},
+		{"/csi.v1.Controller/ControllerPublishVolume", &csi.ControllerPublishVolumeRequest{VolumeId: "loop/default/a", Secrets: map[string]string{"password": "p"}}, map[string]string{"password": "p"}},
+		{"/csi.v1.Node/NodeStageVolume", &csi.NodeStageVolumeRequest{VolumeId: "loop/default/a", Secrets: map[string]string{"node.session.auth.password": "c"}}, map[string]string{"node.session.auth.password": "c"}},
+		{"/csi.v1.Controller/DeleteVolume", &csi.DeleteVolumeRequest{VolumeId: "loop/default/a"}, nil},
+		{"/csi.v1.Node/NodeUnstageVolume", &csi.NodeUnstageVolumeRequest{VolumeId: "loop/default/a"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method, func(t *testing.T) {
+			var got backend.Secrets
+			_, err := e.d.interceptor(context.Background(), tt.req, &grpc.UnaryServerInfo{FullMethod: tt.method},
+				func(ctx context.Context, _ any) (any, error) {
+					got = backend.SecretsFrom(ctx)
+					return nil, nil
+				})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("backend saw %d secrets, want %d", len(got), len(tt.want))
+			}
+			for k, v := range tt.want {
+				if got[k] != v {
+					t.Errorf("secret %q did not reach the backend", k)
+				}
+			}
+		})
 	}
 }

@@ -98,6 +98,10 @@ type Fixture struct {
 	WriteImage func(ctx context.Context, imageID string, off int64, data []byte) error
 	ReadImage  func(ctx context.Context, imageID string, off int64, n int) ([]byte, error)
 
+	// Secrets are the CSI secrets every call carries (CHAP credentials,
+	// cephx keys), as the driver passes them: in the context.
+	Secrets map[string]string
+
 	// NoAttach, when not empty, says why the node side cannot run here
 	// (not root, no /dev/loop-control, no initiator); the attach cases
 	// are then skipped with that reason.
@@ -148,7 +152,7 @@ func newHarness(t *testing.T, newFixture Factory, opts Options) *harness {
 	if f.NoAttach == "" && f.Instance.Attacher == nil {
 		t.Fatal("the fixture offers attach but its instance has no Attacher")
 	}
-	h := &harness{t: t, f: f, ctx: t.Context()}
+	h := &harness{t: t, f: f, ctx: backend.WithSecrets(t.Context(), f.Secrets)}
 	for _, n := range []string{NodeA, NodeB, NodeC} {
 		if err := h.registerNode(backend.NodeInfo{NodeID: n}); err != nil {
 			t.Fatalf("register node %s: %v", n, err)
@@ -253,7 +257,7 @@ func (h *harness) attach(req backend.AttachRequest) *backend.Device {
 	}
 	h.t.Cleanup(func() {
 		// t.Context is already cancelled when cleanups run.
-		if err := h.attacher().Detach(context.Background(), req.ImageID, ""); err != nil {
+		if err := h.attacher().Detach(backend.WithSecrets(context.Background(), h.f.Secrets), req.ImageID, ""); err != nil {
 			h.t.Errorf("cleanup: Detach(%s): %v", req.ImageID, err)
 		}
 	})
