@@ -56,6 +56,10 @@ type Options struct {
 	// NodeLocal configures the loop instance as node-local, so the driver
 	// reports topology (through a --config file).
 	NodeLocal bool
+	// Config, when set, is the backend configuration file's content
+	// (--config) for another backend; PoolDir and NodeLocal then only
+	// name the directory the leak check watches.
+	Config string
 	// Logger defaults to the test's log.
 	Logger *zap.Logger
 }
@@ -84,9 +88,12 @@ func Start(t testing.TB, o Options) *Driver {
 		LogFormat:         "json",
 		LogLevel:          "info",
 	}
-	if o.NodeLocal {
+	cfg := o.Config
+	if cfg == "" && o.NodeLocal {
+		cfg = fmt.Sprintf("backends:\n  - type: loop\n    name: default\n    loop:\n      poolDir: %q\n      nodeLocal: true\n", o.PoolDir)
+	}
+	if cfg != "" {
 		opts.ConfigFile = filepath.Join(dir, "config.yaml")
-		cfg := fmt.Sprintf("backends:\n  - type: loop\n    name: default\n    loop:\n      poolDir: %q\n      nodeLocal: true\n", o.PoolDir)
 		if err := os.WriteFile(opts.ConfigFile, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}

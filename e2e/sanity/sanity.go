@@ -18,13 +18,14 @@ import (
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/ginkgo/v2/types"
 	"github.com/onsi/gomega"
+	"sigs.k8s.io/yaml"
 
 	"github.com/spindle-csi/spindle/e2e/harness"
 )
 
 // idGen makes IDs in Spindle's format, so that "does not exist" tests reach
 // the lookup instead of stopping at ID validation.
-type idGen struct{}
+type idGen struct{ instance string }
 
 func random() string {
 	b := make([]byte, 6)
@@ -32,21 +33,52 @@ func random() string {
 	return hex.EncodeToString(b)
 }
 
-func (idGen) GenerateUniqueValidVolumeID() string { return "loop/default/sanity-missing-" + random() }
-func (idGen) GenerateInvalidVolumeID() string     { return "not-a-spindle-volume-id" }
-func (idGen) GenerateUniqueValidNodeID() string   { return "sanity-unknown-node-" + random() }
-func (idGen) GenerateInvalidNodeID() string       { return "not a node id!" }
+func (g idGen) GenerateUniqueValidVolumeID() string {
+	return g.instance + "/sanity-missing-" + random()
+}
+func (idGen) GenerateInvalidVolumeID() string   { return "not-a-spindle-volume-id" }
+func (idGen) GenerateUniqueValidNodeID() string { return "sanity-unknown-node-" + random() }
+func (idGen) GenerateInvalidNodeID() string     { return "not a node id!" }
 
 // attachLimit is the driver's --max-volumes-per-node in the sanity runs;
 // csi-sanity's attach-limit spec publishes this many volumes and one more.
 const attachLimit = 8
 
-// Run runs csi-sanity with the given access type ("mount" or "block") and
-// reports how many specs ran, passed, failed and were skipped. With
-// nodeLocal the loop instance is node-local, so the driver reports
-// topology and the topology specs run too.
-func Run(t *testing.T, accessType string, nodeLocal bool) {
-	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal})
+// Config describes one csi-sanity run.
+type Config struct {
+	// AccessType is "mount" or "block".
+	AccessType string
+	// NodeLocal makes the loop instance node-local, so the driver reports
+	// topology and the topology specs run too.
+	NodeLocal bool
+	// Backend names the run in its report ("loop" when empty).
+	Backend string
+	// Instance is the "<type>/<name>" key volumes are created on
+	// ("loop/default" when empty); BackendConfig is the driver's --config
+	// content that configures it.
+	Instance      string
+	BackendConfig string
+	// Secrets are passed with every call that carries CSI secrets.
+	Secrets map[string]string
+	// MutableParameters are valid ControllerModifyVolume parameters
+	// (the loop backend's directIO when nil).
+	MutableParameters map[string]string
+}
+
+// Run runs csi-sanity as c describes and reports how many specs ran,
+// passed, failed and were skipped.
+func Run(t *testing.T, c Config) {
+	if c.Backend == "" {
+		c.Backend = "loop"
+	}
+	if c.Instance == "" {
+		c.Instance = "loop/default"
+	}
+	if c.MutableParameters == nil {
+		c.MutableParameters = map[string]string{"directIO": "false"}
+	}
+	accessType, nodeLocal := c.AccessType, c.NodeLocal
+	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal, Config: c.BackendConfig})
 	dir := harness.TempDir(t)
 
 	cfg := sanity.NewTestConfig()
@@ -55,11 +87,34 @@ func Run(t *testing.T, accessType string, nodeLocal bool) {
 	cfg.StagingPath = filepath.Join(dir, "staging")
 	cfg.TestVolumeAccessType = accessType
 	cfg.TestVolumeSize = 64 << 20
-	cfg.IDGen = idGen{}
+	cfg.IDGen = idGen{instance: c.Instance}
 	cfg.IdempotentCount = 3
 	cfg.TestVolumeExpandSize = 128 << 20
 	cfg.TestNodeVolumeAttachLimit = true
-	cfg.TestVolumeMutableParameters = map[string]string{"directIO": "false"}
+	cfg.TestVolumeMutableParameters = c.MutableParameters
+	if c.Instance != "loop/default" {
+		cfg.TestVolumeParameters = map[string]string{"backend": c.Instance}
+	}
+	if len(c.Secrets) > 0 {
+		// csi-sanity reads secrets from a file only.
+		all := sanity.CSISecrets{
+			CreateVolumeSecret: c.Secrets, DeleteVolumeSecret: c.Secrets,
+			ControllerPublishVolumeSecret: c.Secrets, ControllerUnpublishVolumeSecret: c.Secrets,
+			ControllerValidateVolumeCapabilitiesSecret: c.Secrets,
+			NodeStageVolumeSecret:                      c.Secrets, NodePublishVolumeSecret: c.Secrets,
+			CreateSnapshotSecret: c.Secrets, DeleteSnapshotSecret: c.Secrets,
+			ListSnapshotsSecret: c.Secrets, GetSnapshotSecret: c.Secrets,
+			ControllerExpandVolumeSecret: c.Secrets, ControllerModifyVolumeSecret: c.Secrets,
+		}
+		data, err := yaml.Marshal(all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.SecretsFile = filepath.Join(dir, "secrets.yaml")
+		if err := os.WriteFile(cfg.SecretsFile, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)
 
 	var summary string
@@ -90,8 +145,11 @@ func Run(t *testing.T, accessType string, nodeLocal bool) {
 		if nodeLocal {
 			topology = "node-local pool, topology on"
 		}
-		summary = fmt.Sprintf("csi-sanity (%s, %s): %d of %d specs ran: %d passed, %d failed; %d skipped",
-			accessType, topology, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
+		if c.Backend != "loop" {
+			topology = c.Instance
+		}
+		summary = fmt.Sprintf("csi-sanity (%s, %s, %s): %d of %d specs ran: %d passed, %d failed; %d skipped",
+			c.Backend, accessType, topology, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
 		sort.Strings(notRun)
 		if len(notRun) > 0 {
 			summary += "\n" + strings.Join(notRun, "\n")
@@ -105,6 +163,6 @@ func Run(t *testing.T, accessType string, nodeLocal bool) {
 	t.Log(summary)
 	if dir := os.Getenv("SPINDLE_REPORT_DIR"); dir != "" {
 		_ = os.MkdirAll(dir, 0o755)
-		_ = os.WriteFile(filepath.Join(dir, "sanity-"+accessType+".txt"), []byte(summary+"\n"), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "sanity-"+c.Backend+"-"+accessType+".txt"), []byte(summary+"\n"), 0o644)
 	}
 }

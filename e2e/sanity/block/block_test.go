@@ -6,4 +6,4 @@ import (
 	"github.com/spindle-csi/spindle/e2e/sanity"
 )
 
-func TestSanityBlock(t *testing.T) { sanity.Run(t, "block", false) }
+func TestSanityBlock(t *testing.T) { sanity.Run(t, sanity.Config{AccessType: "block"}) }
