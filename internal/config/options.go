@@ -43,6 +43,14 @@ type Options struct {
 	MaxVolumesPerNode int64
 	LogFormat         string
 	LogLevel          string
+	// PluginRegistrationDir is kubelet's plugin-watcher directory; when set,
+	// the node plugin registers itself with kubelet there (what the
+	// node-driver-registrar sidecar does otherwise).
+	PluginRegistrationDir string
+	// KubeletRegistrationPath is the CSI socket's path as kubelet sees it
+	// (it differs from --endpoint when the plugin runs in a container);
+	// the endpoint's path when empty.
+	KubeletRegistrationPath string
 }
 
 // AddFlags registers the options on fs, with their defaults.
@@ -61,6 +69,15 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can have attached, reported by NodeGetInfo; 0 means no limit")
 	fs.StringVar(&o.LogFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.PluginRegistrationDir, "plugin-registration-dir", "", "kubelet's plugin registration directory (e.g. /var/lib/kubelet/plugins_registry); when set, the node plugin registers itself with kubelet instead of relying on node-driver-registrar")
+	fs.StringVar(&o.KubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket's path as kubelet sees it, announced at registration (default: the --endpoint path)")
+}
+
+// RegistrationSocket is the socket kubelet's plugin watcher finds: named
+// after the driver, as node-driver-registrar names it, so either can serve
+// a node (not both at once).
+func (o *Options) RegistrationSocket() string {
+	return filepath.Join(o.PluginRegistrationDir, o.DriverName+"-reg.sock")
 }
 
 var (
@@ -102,6 +119,17 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxVolumesPerNode < 0 {
 		errs = append(errs, fmt.Errorf("--max-volumes-per-node=%d: must not be negative", o.MaxVolumesPerNode))
+	}
+	if o.PluginRegistrationDir != "" {
+		if !o.Mode.Node() {
+			errs = append(errs, fmt.Errorf("--plugin-registration-dir: only a node plugin registers with kubelet, not --mode=%s", o.Mode))
+		}
+		if !filepath.IsAbs(o.PluginRegistrationDir) {
+			errs = append(errs, fmt.Errorf("--plugin-registration-dir=%q: must be an absolute path", o.PluginRegistrationDir))
+		}
+	}
+	if o.KubeletRegistrationPath != "" && !filepath.IsAbs(o.KubeletRegistrationPath) {
+		errs = append(errs, fmt.Errorf("--kubelet-registration-path=%q: must be an absolute path", o.KubeletRegistrationPath))
 	}
 	switch o.LogFormat {
 	case "json", "console":

@@ -32,6 +32,9 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "console logs at debug", change: func(o *Options) { o.LogFormat, o.LogLevel = "console", "debug" }},
 		{name: "pool dir unused with a config file", change: func(o *Options) { o.ConfigFile, o.LoopPoolDir = "/etc/spindle/config.yaml", "relative" }},
 		{name: "bare socket path", change: func(o *Options) { o.Endpoint = "/csi/csi.sock" }},
+		{name: "registers with kubelet", change: func(o *Options) {
+			o.PluginRegistrationDir, o.KubeletRegistrationPath = "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/spindle.csi.dev/csi.sock"
+		}},
 
 		{name: "tcp endpoint", change: func(o *Options) { o.Endpoint = "tcp://127.0.0.1:10000" }, want: []string{"--endpoint", "only unix sockets"}},
 		{name: "relative endpoint", change: func(o *Options) { o.Endpoint = "csi.sock" }, want: []string{"--endpoint", "absolute"}},
@@ -43,6 +46,11 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "driver name too long", change: func(o *Options) { o.DriverName = strings.Repeat("a", 64) }, want: []string{"--driver-name"}},
 		{name: "relative pool dir", change: func(o *Options) { o.LoopPoolDir = "pools/default" }, want: []string{`--loop-pool-dir="pools/default"`, "absolute"}},
 		{name: "negative volume limit", change: func(o *Options) { o.MaxVolumesPerNode = -1 }, want: []string{"--max-volumes-per-node=-1"}},
+		{name: "registration in controller mode", change: func(o *Options) {
+			o.Mode, o.PluginRegistrationDir = ModeController, "/var/lib/kubelet/plugins_registry"
+		}, want: []string{"--plugin-registration-dir", "--mode=controller"}},
+		{name: "relative registration dir", change: func(o *Options) { o.PluginRegistrationDir = "plugins_registry" }, want: []string{`--plugin-registration-dir="plugins_registry"`, "absolute"}},
+		{name: "relative kubelet registration path", change: func(o *Options) { o.KubeletRegistrationPath = "csi.sock" }, want: []string{`--kubelet-registration-path="csi.sock"`, "absolute"}},
 		{name: "bad log format", change: func(o *Options) { o.LogFormat = "text" }, want: []string{`--log-format="text"`}},
 		{name: "bad log level", change: func(o *Options) { o.LogLevel = "verbose" }, want: []string{`--log-level="verbose"`}},
 	}

@@ -151,6 +151,15 @@ func (d *Driver) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 
+	if d.opts.PluginRegistrationDir != "" {
+		stopRegistration, err := d.serveRegistration(socket)
+		if err != nil {
+			srv.Stop()
+			return fmt.Errorf("kubelet plugin registration: %w", err)
+		}
+		defer stopRegistration()
+	}
+
 	select {
 	case err := <-serveErr:
 		return err
