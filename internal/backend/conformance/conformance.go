@@ -636,6 +636,20 @@ func testPublish(t *testing.T, newFixture Factory) {
 		}
 	})
 
+	// Whether or not the new node is known, a volume another node holds is
+	// refused naming the holder: that is the message an operator reads in
+	// the VolumeAttachment when a pod moves to a node too early.
+	t.Run("held volume refused to an unknown node", func(t *testing.T) {
+		h := newHarness(t, newFixture, Options{})
+		img := h.create(mountSpec("pvc-conformance-held"))
+		h.publish(img.ID, att(NodeA, backend.SingleNodeWriter, false))
+		_, err := h.exporter().Publish(h.ctx, img.ID, att(NodeUnregistered, backend.SingleNodeWriter, false))
+		testutil.WantKind(t, err, errdefs.ErrPrecondition, NodeA)
+		if got := nodesOf(h.get(img.ID)); !slices.Equal(got, []string{NodeA}) {
+			t.Fatalf("a refused publish changed the attachments to %v", got)
+		}
+	})
+
 	t.Run("missing image", func(t *testing.T) {
 		h := newHarness(t, newFixture, Options{})
 		id := h.missingID()

@@ -158,11 +158,16 @@ func (m *memBackend) Publish(_ context.Context, id string, att backend.Attachmen
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	node, ok := m.nodes[att.NodeID]
+	img, exists := m.images[id]
 	if !ok {
+		if exists {
+			if _, conflict := backend.Admit(img, att); conflict != nil {
+				return nil, conflict
+			}
+		}
 		return nil, errdefs.NotFound("node %q is not registered", att.NodeID)
 	}
-	img, ok := m.images[id]
-	if !ok {
+	if !exists {
 		return nil, errdefs.NotFound("volume %s does not exist", id)
 	}
 	already, err := backend.Admit(img, att)
