@@ -5,6 +5,8 @@
 #   make test    every test: unit, backend conformance, csi-sanity,
 #                lifecycle on real loop devices (root)
 #   make bench   driver vs plain commands, per-RPC latency, load (root)
+#   make e2e     a real local Kubernetes (hack/local-cluster) with Spindle and
+#                its sidecars; the Kubernetes e2e tests against it (root)
 #
 # Each target installs the system packages it needs (hack/install-deps.sh).
 
@@ -17,7 +19,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test demo bench clean
+.PHONY: all build deps lint test demo bench e2e cluster-up cluster-down clean
 
 all: build
 
@@ -43,6 +45,19 @@ demo: deps build
 
 bench: deps build
 	$(GO) run ./e2e/cmd/spindle-bench --driver $(BIN)/spindle $(BENCH_ARGS)
+
+# Builds (cached), brings the cluster up, runs e2e/kubernetes, always brings
+# it down; ends with "N passed, M failed".
+e2e: deps
+	hack/local-cluster/e2e.sh
+
+# For working on the e2e tests: a cluster that stays up
+# (SPINDLE_E2E_CLUSTER_DIR=/var/tmp/spindle-local-cluster go test ./e2e/kubernetes/).
+cluster-up: deps build
+	hack/local-cluster/build.sh && hack/local-cluster/up.sh
+
+cluster-down:
+	hack/local-cluster/down.sh
 
 clean:
 	rm -rf $(BIN) build

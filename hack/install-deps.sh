@@ -23,6 +23,7 @@ declare -A needs=(
   [btrfs]=btrfs-progs
   [truncate]=coreutils
   [sha256sum]=coreutils
+  [openssl]=openssl # the local cluster's certificates (make e2e)
 )
 
 missing=()

@@ -1,0 +1,245 @@
+// Command spindle-e2e-pod is the whole userland of the e2e tests' pod image
+// (and of the cluster's pause image): a static binary, so the image needs no
+// shell and no libc. Each subcommand does one thing a test asserts on and
+// writes its result to the container's termination message, which the test
+// reads from the Pod's status; no exec or log streaming is needed.
+//
+//	pause                      sleep until SIGTERM, reaping children
+//	write FILE BYTES           random data + FILE.sha256, fsync'd; then pause
+//	verify FILE                check FILE against FILE.sha256; exit 1 on mismatch
+//	write-block DEV BYTES      random data at offset 0 of a block device, its
+//	                           hex checksum right after it; then pause
+//	verify-block DEV BYTES     check the data written by write-block
+//	wait-size DIR BYTES SECS   wait until the filesystem at DIR is at least
+//	                           BYTES large (statfs), then report its size
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const terminationLog = "/dev/termination-log"
+
+func main() {
+	msg, err := run(os.Args[1:])
+	if err != nil {
+		report("FAIL " + err.Error())
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if msg != "" {
+		report(msg)
+		fmt.Println(msg)
+	}
+}
+
+// report writes the termination message (best effort: the pause image has
+// no termination log).
+func report(msg string) { _ = os.WriteFile(terminationLog, []byte(msg), 0o644) }
+
+func run(args []string) (string, error) {
+	if len(args) == 0 {
+		args = []string{"pause"}
+	}
+	need := func(n int) error {
+		if len(args) != n+1 {
+			return fmt.Errorf("%s: want %d arguments, got %d", args[0], n, len(args)-1)
+		}
+		return nil
+	}
+	switch args[0] {
+	case "pause":
+		pause()
+		return "", nil
+	case "write":
+		if err := need(2); err != nil {
+			return "", err
+		}
+		size, err := strconv.ParseInt(args[2], 10, 64)
+		if err != nil {
+			return "", err
+		}
+		sum, err := writeFile(args[1], size)
+		if err != nil {
+			return "", err
+		}
+		report("wrote " + sum)
+		pause()
+		return "", nil
+	case "verify":
+		if err := need(1); err != nil {
+			return "", err
+		}
+		return verifyFile(args[1])
+	case "write-block":
+		if err := need(2); err != nil {
+			return "", err
+		}
+		size, err := strconv.ParseInt(args[2], 10, 64)
+		if err != nil {
+			return "", err
+		}
+		sum, err := writeBlock(args[1], size)
+		if err != nil {
+			return "", err
+		}
+		report("wrote " + sum)
+		pause()
+		return "", nil
+	case "verify-block":
+		if err := need(2); err != nil {
+			return "", err
+		}
+		size, err := strconv.ParseInt(args[2], 10, 64)
+		if err != nil {
+			return "", err
+		}
+		return verifyBlock(args[1], size)
+	case "wait-size":
+		if err := need(3); err != nil {
+			return "", err
+		}
+		want, err := strconv.ParseInt(args[2], 10, 64)
+		if err != nil {
+			return "", err
+		}
+		secs, err := strconv.Atoi(args[3])
+		if err != nil {
+			return "", err
+		}
+		return waitSize(args[1], want, time.Duration(secs)*time.Second)
+	}
+	return "", fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+func pause() {
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for s := range sig {
+		if s != syscall.SIGCHLD {
+			return
+		}
+		for {
+			var ws syscall.WaitStatus
+			if pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+
+func randomData(n int64) ([]byte, string, error) {
+	data := make([]byte, n)
+	if _, err := rand.Read(data); err != nil {
+		return nil, "", err
+	}
+	sum := sha256.Sum256(data)
+	return data, hex.EncodeToString(sum[:]), nil
+}
+
+func writeSynced(path string, data []byte, flags int) error {
+	f, err := os.OpenFile(path, flags, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func writeFile(path string, size int64) (string, error) {
+	data, sum, err := randomData(size)
+	if err != nil {
+		return "", err
+	}
+	if err := writeSynced(path, data, os.O_CREATE|os.O_TRUNC|os.O_WRONLY); err != nil {
+		return "", err
+	}
+	if err := writeSynced(path+".sha256", []byte(sum+"\n"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY); err != nil {
+		return "", err
+	}
+	return sum, nil
+}
+
+func verifyFile(path string) (string, error) {
+	want, err := os.ReadFile(path + ".sha256")
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	got := hex.EncodeToString(sum[:])
+	if got != strings.TrimSpace(string(want)) {
+		return "", fmt.Errorf("checksum mismatch: file %s, recorded %s", got, strings.TrimSpace(string(want)))
+	}
+	return "verified " + got, nil
+}
+
+// The block layout: BYTES of data at offset 0, then the hex checksum.
+func writeBlock(dev string, size int64) (string, error) {
+	data, sum, err := randomData(size)
+	if err != nil {
+		return "", err
+	}
+	buf := append(data, []byte(sum)...)
+	if err := writeSynced(dev, buf, os.O_WRONLY); err != nil {
+		return "", err
+	}
+	return sum, nil
+}
+
+func verifyBlock(dev string, size int64) (string, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	buf := make([]byte, size+64)
+	if _, err := io.ReadFull(f, buf); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(buf[:size])
+	got, want := hex.EncodeToString(sum[:]), string(buf[size:])
+	if !bytes.Equal([]byte(got), []byte(want)) {
+		return "", fmt.Errorf("checksum mismatch: data %s, recorded %q", got, want)
+	}
+	return "verified " + got, nil
+}
+
+func waitSize(dir string, want int64, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			return "", err
+		}
+		size := int64(st.Blocks) * st.Bsize
+		if size >= want {
+			return fmt.Sprintf("size %d", size), nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("filesystem at %s is %d bytes after %s, want at least %d", dir, size, timeout, want)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

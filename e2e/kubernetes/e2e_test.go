@@ -1,0 +1,388 @@
+package kubernetes
+
+import (
+	"context"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/spindle-csi/spindle/internal/volumeid"
+)
+
+const dataSize = "4194304" // 4 MiB written by the pods
+
+// 1. A PVC is provisioned: the PV is bound and its handle is a Spindle
+// volume ID (<backend>/<instance>/<image>) on the loop backend.
+func TestProvisionBindsAPVWithASpindleHandle(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	_, pv := c.claim(t, ns, "data", claimOptions{})
+	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driverName {
+		t.Fatalf("PV %s is not a %s volume: %+v", pv.Name, driverName, pv.Spec.PersistentVolumeSource)
+	}
+	id, err := volumeid.Parse(pv.Spec.CSI.VolumeHandle)
+	if err != nil {
+		t.Fatalf("volumeHandle %q: %v", pv.Spec.CSI.VolumeHandle, err)
+	}
+	if id.Backend != "loop" || id.Instance != "default" || id.Image == "" {
+		t.Fatalf("volumeHandle %q, want loop/default/<image>", pv.Spec.CSI.VolumeHandle)
+	}
+	if pv.Spec.CSI.FSType != "ext4" {
+		t.Errorf("PV fsType %q, want ext4", pv.Spec.CSI.FSType)
+	}
+	if got := pv.Spec.Capacity[corev1.ResourceStorage]; got.Cmp(resource.MustParse("1Gi")) < 0 {
+		t.Errorf("PV capacity %s, want at least 1Gi", got.String())
+	}
+	if _, err := os.Stat(c.imagePath(pv)); err != nil {
+		t.Errorf("the image of %s is not in the pool: %v", pv.Name, err)
+	}
+}
+
+// 2. A pod using the claim: the VolumeAttachment is attached and shows the
+// driver's publish_context; kubelet staged the volume at its global mount
+// and published it into the pod; what the pod wrote, a second pod reads.
+func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	_, pv := c.claim(t, ns, "data", claimOptions{})
+	writer := c.pod(t, ns, "writer", "data", podOptions{args: []string{"write", "/data/file", dataSize}})
+	writer = c.waitPod(t, ns, "writer", corev1.PodRunning)
+
+	va := c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	// The same ControllerPublish again is idempotent and answers with the
+	// publish_context the attacher stored.
+	resp, err := c.csiClient(t).ControllerPublishVolume(context.Background(), &csi.ControllerPublishVolumeRequest{
+		VolumeId: pv.Spec.CSI.VolumeHandle, NodeId: c.node,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		},
+	})
+	if err != nil {
+		t.Fatalf("ControllerPublishVolume: %v", err)
+	}
+	if !maps.Equal(va.Status.AttachmentMetadata, resp.GetPublishContext()) {
+		t.Fatalf("VolumeAttachment %s attachmentMetadata = %v, driver's publish_context = %v", va.Name, va.Status.AttachmentMetadata, resp.GetPublishContext())
+	}
+	if va.Status.AttachmentMetadata["imagePath"] != c.imagePath(pv) {
+		t.Errorf("attachmentMetadata names image %q, want %q", va.Status.AttachmentMetadata["imagePath"], c.imagePath(pv))
+	}
+
+	staged := mountsAt(t, c.stagingPath(pv))
+	if len(staged) != 1 || staged[0].fsType != "ext4" || !strings.HasPrefix(staged[0].source, "/dev/loop") {
+		t.Fatalf("staging mount at %s = %+v, want one ext4 mount of a loop device", c.stagingPath(pv), staged)
+	}
+	if devs := loopDevicesOf(t, c.imagePath(pv)); len(devs) != 1 || devs[0] != staged[0].source {
+		t.Fatalf("loop devices of the image %v, staged device %s", devs, staged[0].source)
+	}
+	target := c.podVolumeDir(writer, pv.Name)
+	published := mountsAt(t, target)
+	if len(published) != 1 || published[0].source != staged[0].source {
+		t.Fatalf("pod volume %s mounts %+v, want a bind of %s", target, published, staged[0].source)
+	}
+
+	var wrote string
+	c.waitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
+		data, err := os.ReadFile(filepath.Join(target, "file.sha256"))
+		wrote = strings.TrimSpace(string(data))
+		return err == nil && len(wrote) == 64, nil
+	})
+	if got := fileSum(t, filepath.Join(target, "file")); got != wrote {
+		t.Fatalf("file in the pod volume has checksum %s, the pod recorded %s", got, wrote)
+	}
+
+	c.deletePod(t, ns, "writer")
+	c.pod(t, ns, "reader", "data", podOptions{args: []string{"verify", "/data/file"}})
+	reader := c.waitPod(t, ns, "reader", corev1.PodSucceeded)
+	if got := terminationMessage(reader); got != "verified "+wrote {
+		t.Fatalf("reader says %q, want verified %s", got, wrote)
+	}
+}
+
+// 3. Two pods on the node share one RWO volume: formatted once, staged
+// once, published twice.
+func TestTwoPodsShareOneVolume(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	_, pv := c.claim(t, ns, "shared", claimOptions{})
+	a := c.pod(t, ns, "pod-a", "shared", podOptions{args: []string{"write", "/data/a", "4096"}})
+	b := c.pod(t, ns, "pod-b", "shared", podOptions{args: []string{"write", "/data/b", "4096"}})
+	a = c.waitPod(t, ns, "pod-a", corev1.PodRunning)
+	b = c.waitPod(t, ns, "pod-b", corev1.PodRunning)
+
+	handle := pv.Spec.CSI.VolumeHandle
+	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": handle})); n != 1 {
+		t.Errorf("volume formatted %d times, want once", n)
+	}
+	if n := len(c.driverLog(t, map[string]string{"msg": "rpc", "method": "NodeStageVolume", "code": "OK", "volumeID": handle})); n != 1 {
+		t.Errorf("NodeStageVolume succeeded %d times, want once", n)
+	}
+	if n := len(c.driverLog(t, map[string]string{"msg": "rpc", "method": "NodePublishVolume", "code": "OK", "volumeID": handle})); n != 2 {
+		t.Errorf("NodePublishVolume succeeded %d times, want twice", n)
+	}
+	staged := mountsAt(t, c.stagingPath(pv))
+	if len(staged) != 1 {
+		t.Fatalf("staging mounts %+v, want one", staged)
+	}
+	for _, pod := range []*corev1.Pod{a, b} {
+		if m := mountsAt(t, c.podVolumeDir(pod, pv.Name)); len(m) != 1 || m[0].source != staged[0].source {
+			t.Fatalf("pod %s volume mounts %+v, want a bind of %s", pod.Name, m, staged[0].source)
+		}
+	}
+	// Both pods write into the same filesystem.
+	c.waitFor(t, "both pods' files in the volume", func(context.Context) (bool, error) {
+		_, errA := os.Stat(filepath.Join(c.stagingPath(pv), "a.sha256"))
+		_, errB := os.Stat(filepath.Join(c.stagingPath(pv), "b.sha256"))
+		return errA == nil && errB == nil, nil
+	})
+	if vas, err := c.attachmentsOf(context.Background(), pv.Name); err != nil || len(vas) != 1 {
+		t.Fatalf("VolumeAttachments of %s: %d (%v), want one", pv.Name, len(vas), err)
+	}
+}
+
+// 4. volumeMode Block: the pod gets the device at its volumeDevices path,
+// and raw data survives the pod being replaced.
+func TestBlockVolumeKeepsRawData(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	_, pv := c.claim(t, ns, "raw", claimOptions{block: true, size: "64Mi"})
+	c.pod(t, ns, "writer", "raw", podOptions{block: true, args: []string{"write-block", "/dev/xvda", "1048576"}})
+	c.waitPod(t, ns, "writer", corev1.PodRunning)
+	c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": pv.Spec.CSI.VolumeHandle})); n != 0 {
+		t.Fatalf("a block volume was formatted %d times", n)
+	}
+	// The data reaches the image file: read it there, outside the pod.
+	var onImage string
+	c.waitFor(t, "the writer's data on the image", func(context.Context) (bool, error) {
+		f, err := os.Open(c.imagePath(pv))
+		if err != nil {
+			return false, err
+		}
+		defer f.Close()
+		buf := make([]byte, 1048576+64)
+		if _, err := f.ReadAt(buf, 0); err != nil {
+			return false, err
+		}
+		onImage = string(buf[1048576:])
+		return onImage != strings.Repeat("\x00", 64), nil
+	})
+	c.deletePod(t, ns, "writer")
+	c.pod(t, ns, "reader", "raw", podOptions{block: true, args: []string{"verify-block", "/dev/xvda", "1048576"}})
+	reader := c.waitPod(t, ns, "reader", corev1.PodSucceeded)
+	if got := terminationMessage(reader); got != "verified "+onImage {
+		t.Fatalf("reader says %q, want verified %s", got, onImage)
+	}
+}
+
+// 5. Expanding a PVC (xfs) while a pod uses it: ControllerExpand and
+// NodeExpand run, and the pod sees the larger filesystem.
+func TestExpandWhileInUse(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	_, pv := c.claim(t, ns, "grow", claimOptions{storageClass: "spindle-xfs", size: "1Gi"})
+	// The pod waits, mounted, until its filesystem is over 1.5 GiB.
+	c.pod(t, ns, "watcher", "grow", podOptions{args: []string{"wait-size", "/data", "1610612736", "170"}})
+	c.waitPod(t, ns, "watcher", corev1.PodRunning)
+
+	patch := []byte(`{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
+	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Patch(context.Background(), "grow", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("expand PVC: %v", err)
+	}
+	watcher := c.waitPod(t, ns, "watcher", corev1.PodSucceeded)
+	t.Logf("pod reports %s", terminationMessage(watcher))
+	c.waitFor(t, "PVC capacity 2Gi", func(ctx context.Context) (bool, error) {
+		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "grow", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		capacity := got.Status.Capacity[corev1.ResourceStorage]
+		return capacity.Cmp(resource.MustParse("2Gi")) == 0, nil
+	})
+	handle := pv.Spec.CSI.VolumeHandle
+	for _, method := range []string{"ControllerExpandVolume", "NodeExpandVolume"} {
+		if n := len(c.driverLog(t, map[string]string{"msg": "rpc", "method": method, "code": "OK", "volumeID": handle})); n == 0 {
+			t.Errorf("%s never succeeded for %s", method, handle)
+		}
+	}
+	if st, err := os.Stat(c.imagePath(pv)); err != nil || st.Size() != 2<<30 {
+		t.Errorf("image size after expansion: %v, %v; want 2 GiB", st, err)
+	}
+}
+
+var volumeSnapshots = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
+
+// 6. A VolumeSnapshot restored into a new claim holds the same data.
+func TestSnapshotRestoresTheData(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	_, pv := c.claim(t, ns, "origin", claimOptions{})
+	c.pod(t, ns, "writer", "origin", podOptions{args: []string{"write", "/data/file", dataSize}})
+	writer := c.waitPod(t, ns, "writer", corev1.PodRunning)
+	var wrote string
+	c.waitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
+		data, err := os.ReadFile(filepath.Join(c.podVolumeDir(writer, pv.Name), "file.sha256"))
+		wrote = strings.TrimSpace(string(data))
+		return err == nil && len(wrote) == 64, nil
+	})
+	// A pool without reflink copies an image only while no node has it
+	// attached; the snapshot is taken after the writer is gone.
+	c.deletePod(t, ns, "writer")
+	c.waitFor(t, "the volume detached", func(ctx context.Context) (bool, error) {
+		vas, err := c.attachmentsOf(ctx, pv.Name)
+		return err == nil && len(vas) == 0, err
+	})
+
+	snap := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+		"metadata": map[string]any{"name": "snap", "namespace": ns},
+		"spec": map[string]any{
+			"volumeSnapshotClassName": "spindle",
+			"source":                  map[string]any{"persistentVolumeClaimName": "origin"},
+		},
+	}}
+	if _, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create VolumeSnapshot: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "snap", metav1.DeleteOptions{})
+	})
+	c.waitFor(t, "VolumeSnapshot readyToUse", func(ctx context.Context) (bool, error) {
+		got, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Get(ctx, "snap", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ready, _, _ := unstructured.NestedBool(got.Object, "status", "readyToUse")
+		return ready, nil
+	})
+
+	group := "snapshot.storage.k8s.io"
+	_, restored := c.claim(t, ns, "restored", claimOptions{dataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
+	if restored.Spec.CSI.VolumeHandle == pv.Spec.CSI.VolumeHandle {
+		t.Fatal("the restored claim got the original volume")
+	}
+	c.pod(t, ns, "reader", "restored", podOptions{args: []string{"verify", "/data/file"}})
+	reader := c.waitPod(t, ns, "reader", corev1.PodSucceeded)
+	if got := terminationMessage(reader); got != "verified "+wrote {
+		t.Fatalf("reader of the restored volume says %q, want verified %s", got, wrote)
+	}
+	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": restored.Spec.CSI.VolumeHandle})); n != 0 {
+		t.Fatalf("the restored volume was formatted %d times", n)
+	}
+}
+
+// 7. A pod on a second node while the first holds a single-node volume:
+// the VolumeAttachment for the second node shows an attachError naming the
+// node that holds the volume, as `kubectl get volumeattachment -o yaml`
+// shows it to an operator.
+//
+// The claim is ReadWriteOncePod: for a ReadWriteOnce PV the attach-detach
+// controller refuses a second node itself (a Multi-Attach event on the pod)
+// and never asks the driver; ReadWriteOncePod reaches the driver as
+// SINGLE_NODE_SINGLE_WRITER, where the backend's exclusivity decides.
+func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	ctx := context.Background()
+	_, pv := c.claim(t, ns, "exclusive", claimOptions{accessMode: corev1.ReadWriteOncePod})
+	c.pod(t, ns, "holder", "exclusive", podOptions{args: []string{"pause"}})
+	c.waitPod(t, ns, "holder", corev1.PodRunning)
+
+	// A node without a kubelet: the attach-detach controller manages its
+	// attachments (the annotation kubelet would set), and its CSINode maps
+	// it to a driver node ID, as a registered node plugin would.
+	other := "spindle-e2e-second-node"
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: other, Annotations: map[string]string{
+		"volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}
+	if _, err := c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create node %s: %v", other, err)
+	}
+	t.Cleanup(func() {
+		zero := int64(0)
+		// No kubelet confirms the pod's end: delete it at once.
+		_ = c.client.CoreV1().Pods(ns).Delete(ctx, "mover", metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		_ = c.client.StorageV1().CSINodes().Delete(ctx, other, metav1.DeleteOptions{})
+		_ = c.client.CoreV1().Nodes().Delete(ctx, other, metav1.DeleteOptions{})
+		c.waitFor(t, "the second node's VolumeAttachment gone", func(ctx context.Context) (bool, error) {
+			vas, err := c.attachmentsOf(ctx, pv.Name)
+			for _, va := range vas {
+				if va.Spec.NodeName == other {
+					return false, err
+				}
+			}
+			return err == nil, err
+		})
+	})
+	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: other}, Spec: storagev1.CSINodeSpec{
+		Drivers: []storagev1.CSINodeDriver{{Name: driverName, NodeID: other}}}}
+	if _, err := c.client.StorageV1().CSINodes().Create(ctx, csiNode, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create CSINode %s: %v", other, err)
+	}
+	c.pod(t, ns, "mover", "exclusive", podOptions{node: other, args: []string{"pause"}})
+
+	va := c.attachment(t, pv.Name, other, "with an attachError", func(a *storagev1.VolumeAttachment) bool { return a.Status.AttachError != nil })
+	msg := va.Status.AttachError.Message
+	t.Logf("VolumeAttachment %s attachError: %s", va.Name, msg)
+	if va.Status.Attached {
+		t.Fatal("the second node's VolumeAttachment says attached")
+	}
+	for _, want := range []string{"FailedPrecondition", c.node, pv.Spec.CSI.VolumeHandle} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("attachError %q does not mention %q", msg, want)
+		}
+	}
+	// The holder keeps the volume.
+	if held := c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached }); held == nil {
+		t.Fatal("the holder lost its attachment")
+	}
+}
+
+// 8. Teardown: deleting the pod removes the VolumeAttachment and detaches
+// the loop device; deleting the claim deletes the PV and the image.
+func TestTeardownLeavesNothing(t *testing.T) {
+	c := connect(t)
+	ns := c.namespace(t)
+	ctx := context.Background()
+	_, pv := c.claim(t, ns, "gone", claimOptions{})
+	c.pod(t, ns, "user", "gone", podOptions{args: []string{"pause"}})
+	c.waitPod(t, ns, "user", corev1.PodRunning)
+	image := c.imagePath(pv)
+	if devs := loopDevicesOf(t, image); len(devs) != 1 {
+		t.Fatalf("loop devices of the image while in use: %v, want one", devs)
+	}
+
+	c.deletePod(t, ns, "user")
+	c.waitFor(t, "VolumeAttachment gone", func(ctx context.Context) (bool, error) {
+		vas, err := c.attachmentsOf(ctx, pv.Name)
+		return err == nil && len(vas) == 0, err
+	})
+	if devs := loopDevicesOf(t, image); len(devs) != 0 {
+		t.Fatalf("loop devices left after the pod was deleted: %v", devs)
+	}
+	if m := mountsAt(t, c.stagingPath(pv)); len(m) != 0 {
+		t.Fatalf("staging mount left: %+v", m)
+	}
+
+	if err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, "PV deleted", func(ctx context.Context) (bool, error) {
+		_, err := c.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if _, err := os.Stat(image); !os.IsNotExist(err) {
+		t.Fatalf("image %s after the PV was deleted: %v", image, err)
+	}
+}

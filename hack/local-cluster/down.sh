@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Stops everything up.sh started and leaves nothing behind: no process, no
+# mount, no loop device, no kubelet cgroup, the sysctls kubelet changed
+# restored, and $CLUSTER_DIR removed (KEEP=1 keeps it, for reading logs).
+set -uo pipefail
+# shellcheck source=hack/local-cluster/env.sh
+. "$(dirname "$0")/env.sh"
+start=$SECONDS
+if [ -S "$CONTAINERD_SOCKET" ]; then
+  for id in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks kill -s KILL "$id" >/dev/null 2>&1; done
+fi
+for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+  f=$RUN/${COMPONENTS[i]}.pid
+  [ -f "$f" ] || continue
+  pid=$(cat "$f")
+  kill "$pid" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null
+  rm -f "$f"
+done
+# containerd-shim processes outlive containerd by design.
+pkill -9 -f "containerd-shim.*$CLUSTER_DIR" 2>/dev/null
+if [ -f "$RUN/sysctl.saved" ]; then
+  while read -r setting; do sysctl -q -w "$setting"; done <"$RUN/sysctl.saved"
+fi
+# Mounts, deepest first; then the loop devices of the pool.
+grep " $CLUSTER_DIR" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
+for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$POOL_DIR/" 'index($2, d) == 1 {print $1}'); do losetup -d "$dev"; done
+# kubelet's cgroups (cgroupfs driver), every hierarchy.
+for c in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
+  [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null
+done
+# kubelet creates this whatever --root-dir says.
+rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null
+if [ "${KEEP:-0}" != 1 ]; then rm -rf "$CLUSTER_DIR"; fi
+echo "down: stopped in $((SECONDS - start))s"
