@@ -1,0 +1,247 @@
+package iscsi_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/conformance"
+	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/backend/iscsi"
+	"github.com/spindle-csi/spindle/internal/backend/iscsi/iscsitest"
+	"github.com/spindle-csi/spindle/internal/command"
+)
+
+// chapSecrets are the CSI secrets the real tests publish and attach with.
+var chapSecrets = map[string]string{
+	iscsi.SecretUser:     "spindle-test",
+	iscsi.SecretPassword: "not-a-real-secret-1",
+}
+
+// realEnv is an iSCSI instance on a tgtd of its own, attached with the
+// userspace initiator.
+type realEnv struct {
+	inst  *backend.Instance
+	store *filestore.Store
+	cfg   iscsi.Config
+	tgtd  *iscsitest.Tgtd
+}
+
+func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
+	t.Helper()
+	tgtd := iscsitest.StartTgtd(t)
+	cfg := tgtd.Config(t, filepath.Join(t.TempDir(), "pool"))
+	cfg.MaxProvisionedBytes = maxBytes
+	inst, err := iscsi.New("test", cfg, command.New(utilexec.New(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &realEnv{inst: inst, store: inst.Store.(*iscsi.Store).Store, cfg: cfg, tgtd: tgtd}
+	// Registered after tgtd's stop, so it runs before it: nothing of the
+	// test may be left attached.
+	t.Cleanup(func() { e.checkNoLeaks(t) })
+	return e
+}
+
+// checkNoLeaks fails the test for a daemon, FUSE mount or loop device left
+// in the node's state directory, and cleans them up.
+func (e *realEnv) checkNoLeaks(t *testing.T) {
+	t.Helper()
+	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range paths {
+		data, _ := os.ReadFile(p)
+		if strings.HasPrefix(strings.TrimSpace(string(data)), e.cfg.StateDir+"/") {
+			dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+			t.Errorf("loop device %s left bound to %s", dev, strings.TrimSpace(string(data)))
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], e.cfg.StateDir+"/") {
+			t.Errorf("FUSE export left mounted at %s", f[4])
+			_ = exec.Command("umount", "-l", f[4]).Run()
+		}
+	}
+	pids, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range pids {
+		data, _ := os.ReadFile(p)
+		if strings.HasPrefix(string(data), "qemu-storage-daemon\x00") && strings.Contains(string(data), e.cfg.StateDir+"/") {
+			t.Errorf("qemu-storage-daemon %s left running", filepath.Base(filepath.Dir(p)))
+			var pid int
+			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
+			if proc, err := os.FindProcess(pid); err == nil {
+				_ = proc.Kill()
+			}
+		}
+	}
+}
+
+func (e *realEnv) fixture() *conformance.Fixture {
+	return &conformance.Fixture{
+		Instance:   e.inst,
+		ImageID:    filestore.ImageIDForName,
+		Artifacts:  e.artifacts,
+		WriteImage: e.writeImage,
+		ReadImage:  e.readImage,
+		Secrets:    chapSecrets,
+	}
+}
+
+// TestConformanceTgtUserspace runs the shared suite against a real tgtd,
+// attaching through qemu-storage-daemon + FUSE + loop, with CHAP on every
+// publish and attach. The small-capacity variant is a provisioning cap.
+func TestConformanceTgtUserspace(t *testing.T) {
+	conformance.Run(t, func(t *testing.T, opts conformance.Options) *conformance.Fixture {
+		return newRealEnv(t, opts.CapacityBytes).fixture()
+	})
+}
+
+func (e *realEnv) writeImage(_ context.Context, id string, off int64, data []byte) error {
+	f, err := os.OpenFile(e.store.ImagePath(id), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(data, off); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+func (e *realEnv) readImage(_ context.Context, id string, off int64, n int) ([]byte, error) {
+	f, err := os.Open(e.store.ImagePath(id))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	_, err = f.ReadAt(buf, off)
+	return buf, err
+}
+
+// artifacts lists the pool's entries with their sizes and tgtd's targets.
+func (e *realEnv) artifacts(context.Context) ([]string, error) {
+	var out []string
+	err := filepath.WalkDir(e.store.Dir(), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == e.store.Dir() {
+			return err
+		}
+		rel, _ := filepath.Rel(e.store.Dir(), p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			out = append(out, rel+"/")
+		} else {
+			out = append(out, fmt.Sprintf("%s %d", rel, info.Size()))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	iqns, err := e.tgtd.TargetIQNs()
+	for _, iqn := range iqns {
+		out = append(out, "target "+iqn)
+	}
+	return out, err
+}
+
+// published creates a volume and publishes it to node with CHAP.
+func (e *realEnv) published(t *testing.T, name, node string, mode backend.AccessMode) (*backend.Image, map[string]string) {
+	t.Helper()
+	ctx := backend.WithSecrets(t.Context(), chapSecrets)
+	if err := e.inst.Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: node}); err != nil {
+		t.Fatal(err)
+	}
+	img, err := e.inst.Store.Create(ctx, backend.VolumeSpec{Name: name, CapacityBytes: 8 << 20, AccessType: backend.AccessBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := e.inst.Exporter.Publish(ctx, img.ID, backend.Attachment{NodeID: node, AccessMode: mode, Since: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img, pc
+}
+
+// iscsiURL is libiscsi's URL of a LUN, with credentials when given.
+func iscsiURL(portal, iqn, user, password string) string {
+	cred := ""
+	if user != "" {
+		cred = user + "%" + password + "@"
+	}
+	return fmt.Sprintf("iscsi://%s%s/%s/%d", cred, portal, iqn, iscsi.LUN)
+}
+
+func runTool(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestACLAndCHAPFromTheInitiatorSide checks with libiscsi's own tools, not
+// through the code under test, what the target lets through: the published
+// node's initiator with the right CHAP secret sees LUN 1; another initiator
+// does not even discover the target; a wrong password is refused; after
+// unpublish nobody gets in and the target is gone.
+func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
+	e := newRealEnv(t, 0)
+	img, pc := e.published(t, "pvc-acl", "node-a", backend.SingleNodeWriter)
+	iqn := pc[iscsi.ContextTargetIQN]
+	nodeA := iscsitest.InitiatorPrefix + ":node-a"
+	nodeB := iscsitest.InitiatorPrefix + ":node-b"
+	user, pass := chapSecrets[iscsi.SecretUser], chapSecrets[iscsi.SecretPassword]
+
+	tests := []struct {
+		name      string
+		tool      string
+		args      []string
+		want      string // in the output
+		forbidden string // never in the output
+	}{
+		{"published node sees the LUN", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, pass)}, "Peripheral Device Type:DIRECT_ACCESS", ""},
+		{"published node lists the target", "iscsi-ls", []string{"-i", nodeA, "-s", "iscsi://" + user + "%" + pass + "@" + e.tgtd.Portal}, "Target:" + iqn, ""},
+		{"other node cannot log in", "iscsi-inq", []string{"-i", nodeB, iscsiURL(e.tgtd.Portal, iqn, user, pass)}, "Target not found(515)", "DIRECT_ACCESS"},
+		{"other node does not discover it", "iscsi-ls", []string{"-i", nodeB, "-s", "iscsi://" + user + "%" + pass + "@" + e.tgtd.Portal}, "", iqn},
+		{"wrong CHAP password is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, "wrong-password-1")}, "Authentication failure(513)", "DIRECT_ACCESS"},
+		{"no CHAP is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, "", "")}, "", "DIRECT_ACCESS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _ := runTool(t, tt.tool, tt.args...)
+			if tt.want != "" && !strings.Contains(out, tt.want) {
+				t.Errorf("%s printed\n%s\nwant %q in it", tt.tool, out, tt.want)
+			}
+			if tt.forbidden != "" && strings.Contains(out, tt.forbidden) {
+				t.Errorf("%s printed\n%s\nwhich must not contain %q", tt.tool, out, tt.forbidden)
+			}
+		})
+	}
+
+	if err := e.inst.Exporter.Unpublish(t.Context(), img.ID, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(e.tgtd.Targets(t), iqn) {
+		t.Fatalf("target %s still exists after its only node was unpublished", iqn)
+	}
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
+		t.Fatalf("the unpublished node still sees the LUN:\n%s", out)
+	}
+}
