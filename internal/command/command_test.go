@@ -95,7 +95,7 @@ func TestEnvAddsVariablesButNotLocale(t *testing.T) {
 	r := command.New(utilexec.New(), nil)
 	out, err := r.Exec(context.Background(), command.Cmd{
 		Name: "sh", Args: []string{"-c", "echo $TGT_IPC_SOCKET:$LC_ALL"},
-		Env:  []string{"TGT_IPC_SOCKET=/run/x/tgtd.socket", "LC_ALL=de_DE.UTF-8"},
+		Env: []string{"TGT_IPC_SOCKET=/run/x/tgtd.socket", "LC_ALL=de_DE.UTF-8"},
 	})
 	if err != nil {
 		t.Fatal(err)
