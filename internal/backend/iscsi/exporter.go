@@ -67,6 +67,7 @@ func (e *Exporter) export(img *backend.Image, chap *CHAP) (Export, error) {
 		ImagePath: e.store.ImagePath(img.ID),
 		Serial:    Serial(e.instance, img.ID),
 		CHAP:      chap,
+		DirectIO:  img.MutableParameters[MutableParamDirectIO] == "true",
 	}
 	for _, a := range img.Attachments {
 		iqn, err := InitiatorIQN(e.cfg.InitiatorPrefix, a.NodeID)

@@ -84,6 +84,29 @@ const (
 	ContextSerial    = "serial"    // the LUN's unit serial number (VPD page 0x80)
 )
 
+// MutableParamDirectIO is the one mutable (VolumeAttributesClass) parameter
+// of the iscsi backend: "true" has tgt open the image file with O_DIRECT
+// (bsoflags=direct), bypassing the target host's page cache; "false" (the
+// default) goes through it. It takes effect when the volume's target is
+// next built, at its first publish after being unpublished everywhere. LIO
+// ignores it: its fileio backstores run with write_back=false always.
+const MutableParamDirectIO = "directIO"
+
+// validateMutable accepts MutableParamDirectIO with "true" or "false".
+func validateMutable(mutable map[string]string) error {
+	for k, v := range mutable {
+		switch k {
+		case MutableParamDirectIO:
+			if v != "true" && v != "false" {
+				return errdefs.InvalidArgument("mutable parameter %s=%q: the value must be \"true\" or \"false\"", k, v)
+			}
+		default:
+			return errdefs.InvalidArgument("mutable parameter %q is not supported by the iscsi backend (it supports %s)", k, MutableParamDirectIO)
+		}
+	}
+	return nil
+}
+
 // CHAP secret keys, as open-iscsi names them.
 const (
 	SecretUser           = "node.session.auth.username"
@@ -310,7 +333,7 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 
 func newInstance(name string, cfg Config, tool targetTool, conn connector) (*backend.Instance, error) {
 	key := Type + "/" + name
-	fs, err := filestore.New(filestore.Options{Dir: cfg.PoolDir, Name: key, MaxProvisionedBytes: cfg.MaxProvisionedBytes})
+	fs, err := filestore.New(filestore.Options{Dir: cfg.PoolDir, Name: key, MaxProvisionedBytes: cfg.MaxProvisionedBytes, ValidateMutable: validateMutable})
 	if err != nil {
 		return nil, err
 	}

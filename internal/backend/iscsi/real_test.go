@@ -49,42 +49,8 @@ func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
 	e := &realEnv{inst: inst, store: inst.Store.(*iscsi.Store).Store, cfg: cfg, tgtd: tgtd}
 	// Registered after tgtd's stop, so it runs before it: nothing of the
 	// test may be left attached.
-	t.Cleanup(func() { e.checkNoLeaks(t) })
+	iscsitest.CheckNoLeaks(t, cfg.StateDir)
 	return e
-}
-
-// checkNoLeaks fails the test for a daemon, FUSE mount or loop device left
-// in the node's state directory, and cleans them up.
-func (e *realEnv) checkNoLeaks(t *testing.T) {
-	t.Helper()
-	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, p := range paths {
-		data, _ := os.ReadFile(p)
-		if strings.HasPrefix(strings.TrimSpace(string(data)), e.cfg.StateDir+"/") {
-			dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
-			t.Errorf("loop device %s left bound to %s", dev, strings.TrimSpace(string(data)))
-			_ = exec.Command("losetup", "-d", dev).Run()
-		}
-	}
-	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(mounts), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], e.cfg.StateDir+"/") {
-			t.Errorf("FUSE export left mounted at %s", f[4])
-			_ = exec.Command("umount", "-l", f[4]).Run()
-		}
-	}
-	pids, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range pids {
-		data, _ := os.ReadFile(p)
-		if strings.HasPrefix(string(data), "qemu-storage-daemon\x00") && strings.Contains(string(data), e.cfg.StateDir+"/") {
-			t.Errorf("qemu-storage-daemon %s left running", filepath.Base(filepath.Dir(p)))
-			var pid int
-			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
-			if proc, err := os.FindProcess(pid); err == nil {
-				_ = proc.Kill()
-			}
-		}
-	}
 }
 
 func (e *realEnv) fixture() *conformance.Fixture {
@@ -95,6 +61,8 @@ func (e *realEnv) fixture() *conformance.Fixture {
 		WriteImage: e.writeImage,
 		ReadImage:  e.readImage,
 		Secrets:    chapSecrets,
+		// Conformance only modifies; TestDirectIOReachesTgt attaches one.
+		MutableParameters: map[string]string{iscsi.MutableParamDirectIO: "true"},
 	}
 }
 

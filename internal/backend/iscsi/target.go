@@ -12,6 +12,8 @@ type Export struct {
 	Initiators []string
 	// CHAP, when set, is required of every login.
 	CHAP *CHAP
+	// DirectIO opens the image with O_DIRECT when the LUN is created.
+	DirectIO bool
 }
 
 // targetTool is an iSCSI target's administration: tgt (tgtadm) or LIO

@@ -156,8 +156,12 @@ func (t *tgt) Apply(ctx context.Context, e Export) error {
 
 // newLUN adds LUN 1 on the image with the volume's serial and SCSI ID.
 func (t *tgt) newLUN(ctx context.Context, tid string, e Export) error {
-	if _, err := t.adm(ctx, "--mode", "logicalunit", "--op", "new", "--tid", tid, "--lun", strconv.Itoa(LUN),
-		"--backing-store", e.ImagePath, "--bstype", "rdwr"); err != nil {
+	args := []string{"--mode", "logicalunit", "--op", "new", "--tid", tid, "--lun", strconv.Itoa(LUN),
+		"--backing-store", e.ImagePath, "--bstype", "rdwr"}
+	if e.DirectIO {
+		args = append(args, "--bsoflags", "direct")
+	}
+	if _, err := t.adm(ctx, args...); err != nil {
 		return fmt.Errorf("add LUN %d of %s: %w", LUN, e.IQN, err)
 	}
 	return t.setSerial(ctx, tid, e)

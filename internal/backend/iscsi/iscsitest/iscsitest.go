@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -198,4 +200,41 @@ func moduleRoot(t testing.TB) string {
 		}
 		dir = parent
 	}
+}
+
+// CheckNoLeaks registers a cleanup that fails t for a loop device, FUSE
+// mount or qemu-storage-daemon of stateDir (a userspace attacher's) still
+// there when the test ends, and then removes them, so one failing test does
+// not poison the next.
+func CheckNoLeaks(t testing.TB, stateDir string) {
+	t.Cleanup(func() {
+		paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, p := range paths {
+			data, _ := os.ReadFile(p)
+			if file := strings.TrimSpace(string(data)); strings.HasPrefix(file, stateDir+"/") {
+				dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+				t.Errorf("loop device %s left bound to %s", dev, file)
+				_ = exec.Command("losetup", "-d", dev).Run()
+			}
+		}
+		pids, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range pids {
+			data, _ := os.ReadFile(p)
+			if strings.HasPrefix(string(data), "qemu-storage-daemon\x00") && strings.Contains(string(data), stateDir+"/") {
+				pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				if err != nil {
+					continue
+				}
+				t.Errorf("qemu-storage-daemon %d left running", pid)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], stateDir+"/") {
+				t.Errorf("FUSE export left mounted at %s", f[4])
+				_ = syscall.Unmount(f[4], syscall.MNT_DETACH)
+			}
+		}
+	})
 }
