@@ -71,13 +71,14 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 			inst, err = iscsi.New(b.Name, *b.ISCSI, run)
 			if err == nil && opts.Mode.Controller() {
 				// tgtd forgets its targets when it restarts: re-apply
-				// every published volume's export from the pool.
+				// every published volume's export from the pool. A target
+				// host that is down now is no reason not to serve: Probe
+				// reports it, and each volume's next publish re-applies it.
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				err = inst.Exporter.(*iscsi.Exporter).Reconcile(ctx)
-				cancel()
-				if err != nil {
-					err = fmt.Errorf("re-apply the exports of published volumes: %w", err)
+				if rerr := inst.Exporter.(*iscsi.Exporter).Reconcile(ctx); rerr != nil {
+					log.Warn("could not re-apply the exports of published volumes", zap.String("backend", b.Key()), zap.Error(rerr))
 				}
+				cancel()
 			}
 		default:
 			err = fmt.Errorf("unknown backend type %q", b.Type)

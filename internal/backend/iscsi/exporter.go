@@ -337,7 +337,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err := s.Store.Delete(ctx, id); err != nil {
 		return err
 	}
-	if err := s.exp.tool.Remove(ctx, s.exp.targetIQN(id)); err != nil {
+	// An unreachable tgtd holds no target to remove (it forgets them all
+	// when it restarts); the controller's start-up reconcile removes strays.
+	if err := s.exp.tool.Remove(ctx, s.exp.targetIQN(id)); err != nil && errdefs.KindOf(err) != errdefs.ErrUnavailable {
 		return err
 	}
 	return s.exp.removeRecord(id)
