@@ -119,16 +119,9 @@ func (t *tgt) Targets(ctx context.Context) ([]string, error) {
 func (t *tgt) Apply(ctx context.Context, e Export) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cur, all, err := t.find(ctx, e.IQN)
+	cur, err := t.findOrCreate(ctx, e.IQN)
 	if err != nil {
 		return err
-	}
-	if cur == nil {
-		tid := freeTID(all)
-		if _, err := t.adm(ctx, "--mode", "target", "--op", "new", "--tid", strconv.Itoa(tid), "--targetname", e.IQN); err != nil {
-			return fmt.Errorf("create target %s: %w", e.IQN, err)
-		}
-		cur = &tgtTarget{TID: tid, IQN: e.IQN}
 	}
 	tid := strconv.Itoa(cur.TID)
 	if lun, ok := cur.LUNs[LUN]; !ok || lun.Path != e.ImagePath {
@@ -152,6 +145,29 @@ func (t *tgt) Apply(ctx context.Context, e Export) error {
 		return nil
 	}
 	return t.applyCHAP(ctx, cur, e)
+}
+
+// findOrCreate returns the target named iqn, creating it with the lowest
+// free tid. Another instance sharing this tgtd may take that tid between
+// the listing and the creation ("this target already exists"): list again
+// and retry.
+func (t *tgt) findOrCreate(ctx context.Context, iqn string) (*tgtTarget, error) {
+	var err error
+	for range 3 {
+		cur, all, ferr := t.find(ctx, iqn)
+		if ferr != nil || cur != nil {
+			return cur, ferr
+		}
+		tid := freeTID(all)
+		_, err = t.adm(ctx, "--mode", "target", "--op", "new", "--tid", strconv.Itoa(tid), "--targetname", iqn)
+		if err == nil {
+			return &tgtTarget{TID: tid, IQN: iqn, LUNs: map[int]tgtLUN{}}, nil
+		}
+		if !strings.Contains(command.Stderr(err), "already exists") {
+			break
+		}
+	}
+	return nil, fmt.Errorf("create target %s: %w", iqn, err)
 }
 
 // newLUN adds LUN 1 on the image with the volume's serial and SCSI ID.

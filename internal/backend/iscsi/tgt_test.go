@@ -233,3 +233,21 @@ func TestTgtAccountPasswordNeverInErrors(t *testing.T) {
 		}
 	}
 }
+
+// Another process took the free tid between listing and creating: list
+// again and take the next one.
+func TestTgtApplyRetriesATakenTID(t *testing.T) {
+	x := keepCHAP(Export{IQN: "iqn.2026-01.dev.spindle:test.pvc-r", ImagePath: "/pool/pvc-r.img", Serial: "spindler"})
+	taken := tgtShowOneTarget + "Target 2: iqn.2026-01.dev.spindle:other.pvc-z\n    System information:\n"
+	tool := scriptedTgt(t,
+		adm(showTargets...).Prints(tgtShowOneTarget),
+		adm("--mode", "target", "--op", "new", "--tid", "2", "--targetname", x.IQN).Exits(22, "tgtadm: this target already exists"),
+		adm(showTargets...).Prints(taken),
+		adm("--mode", "target", "--op", "new", "--tid", "4", "--targetname", x.IQN),
+		adm("--mode", "logicalunit", "--op", "new", "--tid", "4", "--lun", "1", "--backing-store", "/pool/pvc-r.img", "--bstype", "rdwr"),
+		adm("--mode", "logicalunit", "--op", "update", "--tid", "4", "--lun", "1", "--params", "scsi_sn=spindler,scsi_id=spindler"),
+	)
+	if err := tool.Apply(t.Context(), x); err != nil {
+		t.Fatal(err)
+	}
+}
