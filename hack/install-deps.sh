@@ -24,12 +24,34 @@ declare -A needs=(
   [truncate]=coreutils
   [sha256sum]=coreutils
   [openssl]=openssl # the local cluster's certificates (make e2e)
+  # iSCSI: the tgt target, libiscsi's client tools, and the userspace
+  # initiator (qemu-storage-daemon; Debian 12 ships it in qemu-system-common)
+  [tgtd]=tgt
+  [tgtadm]=tgt
+  [iscsi-ls]=libiscsi-bin
+  [iscsi-inq]=libiscsi-bin
+  [qemu-img]=qemu-utils
+  [qemu-storage-daemon]=qemu-system-common
+  [fusermount3]=fuse3
+)
+
+# file -> Debian package, for what is not a program on PATH
+declare -A files=(
+  # qemu's iSCSI block driver (libiscsi), a loadable module
+  [/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so]=qemu-block-extra
 )
 
 missing=()
 for prog in "${!needs[@]}"; do
   if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$prog" >/dev/null 2>&1; then
     missing+=("${needs[$prog]}")
+  fi
+done
+
+for file in "${!files[@]}"; do
+  # Only where the architecture's path exists at all (amd64 here).
+  if [ -d "$(dirname "$(dirname "$file")")" ] && [ ! -e "$file" ]; then
+    missing+=("${files[$file]}")
   fi
 done
 

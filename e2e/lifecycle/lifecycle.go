@@ -47,6 +47,10 @@ type Client struct {
 	Observe Observer // may be nil
 	// Timeout bounds each RPC; 0 means 2 minutes.
 	Timeout time.Duration
+	// Secrets go with ControllerPublish, NodeStage and NodePublish, as
+	// the StorageClass's *-secret-name parameters make Kubernetes send
+	// them (iSCSI CHAP credentials).
+	Secrets map[string]string
 }
 
 // NewClient returns a Client for drv acting as the harness node.
@@ -144,6 +148,7 @@ func (c *Client) ControllerPublish(ctx context.Context, v *Volume) error {
 	return c.call(ctx, StepControllerPublish, v.ID, func(ctx context.Context) error {
 		resp, err := c.Driver.Controller.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
 			VolumeId: v.ID, NodeId: c.NodeID, VolumeCapability: v.Capability, VolumeContext: v.VolumeContext,
+			Secrets: c.Secrets,
 		})
 		if err != nil {
 			return err
@@ -158,7 +163,7 @@ func (c *Client) Stage(ctx context.Context, v *Volume) error {
 	return c.call(ctx, StepStage, v.ID, func(ctx context.Context) error {
 		_, err := c.Driver.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
 			VolumeId: v.ID, PublishContext: v.PublishContext, StagingTargetPath: v.StagingPath,
-			VolumeCapability: v.Capability, VolumeContext: v.VolumeContext,
+			VolumeCapability: v.Capability, VolumeContext: v.VolumeContext, Secrets: c.Secrets,
 		})
 		return err
 	})
@@ -170,6 +175,7 @@ func (c *Client) Publish(ctx context.Context, v *Volume, target string, readOnly
 		_, err := c.Driver.Node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
 			VolumeId: v.ID, PublishContext: v.PublishContext, StagingTargetPath: v.StagingPath,
 			TargetPath: target, VolumeCapability: v.Capability, Readonly: readOnly, VolumeContext: v.VolumeContext,
+			Secrets: c.Secrets,
 		})
 		return err
 	})

@@ -35,6 +35,9 @@ type Cmd struct {
 	SecretArgs bool
 	// Timeout overrides DefaultTimeout when the context has no deadline.
 	Timeout time.Duration
+	// Env adds NAME=value variables to the environment (tgtadm's
+	// TGT_IPC_SOCKET); they cannot override LC_ALL.
+	Env []string
 }
 
 // Observation is reported after every command, for metrics and debug logs.
@@ -91,7 +94,12 @@ func (r *Runner) Exec(ctx context.Context, c Cmd) ([]byte, error) {
 
 	var stdout, stderr bytes.Buffer
 	cmd := r.exec.CommandContext(ctx, c.Name, c.Args...)
-	cmd.SetEnv(r.env)
+	env := r.env
+	if len(c.Env) > 0 {
+		// LC_ALL=C stays last, so it wins over anything in c.Env.
+		env = append(append(append([]string{}, r.env[:len(r.env)-1]...), c.Env...), r.env[len(r.env)-1])
+	}
+	cmd.SetEnv(env)
 	cmd.SetStdin(bytes.NewReader(c.Stdin))
 	cmd.SetStdout(&stdout)
 	cmd.SetStderr(&stderr)

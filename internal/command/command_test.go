@@ -89,3 +89,18 @@ func TestStdinIsEmptyNotInherited(t *testing.T) {
 		t.Fatalf("stdin must be empty, got %q", out)
 	}
 }
+
+// Cmd.Env adds variables, and LC_ALL=C still wins over one that names LC_ALL.
+func TestEnvAddsVariablesButNotLocale(t *testing.T) {
+	r := command.New(utilexec.New(), nil)
+	out, err := r.Exec(context.Background(), command.Cmd{
+		Name: "sh", Args: []string{"-c", "echo $TGT_IPC_SOCKET:$LC_ALL"},
+		Env: []string{"TGT_IPC_SOCKET=/run/x/tgtd.socket", "LC_ALL=de_DE.UTF-8"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "/run/x/tgtd.socket:C" {
+		t.Fatalf("environment = %q, want %q", got, "/run/x/tgtd.socket:C")
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/spindle-csi/spindle/internal/backend/iscsi"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
@@ -20,6 +21,13 @@ import (
 //	    name: default
 //	    loop:
 //	      poolDir: /var/lib/spindle/pools/default
+//	  - type: iscsi
+//	    name: san
+//	    iscsi:
+//	      poolDir: /var/lib/spindle/pools/san
+//	      portals: ["192.0.2.10:3260"]
+//	      targetPrefix: iqn.2026-01.dev.spindle
+//	      initiatorPrefix: iqn.2026-01.dev.spindle.node
 type File struct {
 	// DefaultBackend ("<type>/<name>") serves StorageClasses that name no
 	// backend; the first backend when empty.
@@ -29,9 +37,10 @@ type File struct {
 
 // BackendConfig is one backend instance; exactly the section of its type is set.
 type BackendConfig struct {
-	Type string       `json:"type"`
-	Name string       `json:"name"`
-	Loop *loop.Config `json:"loop,omitempty"`
+	Type  string        `json:"type"`
+	Name  string        `json:"name"`
+	Loop  *loop.Config  `json:"loop,omitempty"`
+	ISCSI *iscsi.Config `json:"iscsi,omitempty"`
 }
 
 // Key is "<type>/<name>".
@@ -75,7 +84,21 @@ func (f *File) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %s is configured twice", where, b.Key()))
 		}
 		seen[b.Key()] = true
+		if b.Type != loop.Type && b.Loop != nil {
+			errs = append(errs, fmt.Errorf("%s: a loop section does not belong to type %q", where, b.Type))
+		}
+		if b.Type != iscsi.Type && b.ISCSI != nil {
+			errs = append(errs, fmt.Errorf("%s: an iscsi section does not belong to type %q", where, b.Type))
+		}
 		switch b.Type {
+		case iscsi.Type:
+			if b.ISCSI == nil {
+				errs = append(errs, fmt.Errorf("%s: type iscsi needs an iscsi section", where))
+				break
+			}
+			for _, err := range b.ISCSI.Validate() {
+				errs = append(errs, fmt.Errorf("%s.iscsi.%w", where, err))
+			}
 		case loop.Type:
 			if b.Loop == nil {
 				errs = append(errs, fmt.Errorf("%s: type loop needs a loop section", where))
@@ -88,7 +111,7 @@ func (f *File) Validate() error {
 				errs = append(errs, fmt.Errorf("%s.loop.maxProvisionedBytes: must not be negative", where))
 			}
 		default:
-			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop)", where, b.Type))
+			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop, iscsi)", where, b.Type))
 		}
 	}
 	if f.DefaultBackend != "" && !seen[f.DefaultBackend] {

@@ -196,3 +196,71 @@ func TestDefaultFile(t *testing.T) {
 		t.Errorf("DefaultFile(relative).Validate() = %v, want an absolute-path error", err)
 	}
 }
+
+func TestLoadFileISCSI(t *testing.T) {
+	f, err := LoadFile(writeConfig(t, `
+backends:
+  - type: iscsi
+    name: san
+    iscsi:
+      poolDir: /var/lib/spindle/pools/san
+      portals: ["192.0.2.10:3260", "[2001:db8::1]:3260"]
+      targetTool: lio
+      targetPrefix: iqn.2026-01.dev.spindle
+      initiatorPrefix: iqn.2026-01.dev.spindle.node
+      attachMode: userspace
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.Backends[0].ISCSI
+	if f.Backends[0].Key() != "iscsi/san" || c == nil || c.TargetTool != "lio" || len(c.Portals) != 2 || c.AttachMode != "userspace" {
+		t.Fatalf("backends[0] = %+v (iscsi %+v)", f.Backends[0], c)
+	}
+}
+
+// Every problem of an iscsi section is reported, each naming its field.
+func TestLoadFileRejectsISCSI(t *testing.T) {
+	path := writeConfig(t, `
+backends:
+  - type: iscsi
+    name: a
+    iscsi:
+      poolDir: rel
+      maxProvisionedBytes: -1
+      portals: ["192.0.2.10", "host:99999"]
+      targetTool: scst
+      tgtControlSocket: tgtd.sock
+      targetPrefix: iqn.2026-01.Dev.Spindle
+      initiatorPrefix: "eui.1234:x"
+      attachMode: magic
+      stateDir: run/spindle
+  - type: iscsi
+    name: b
+  - type: loop
+    name: c
+    loop: {poolDir: /p}
+    iscsi: {poolDir: /q}
+  - type: iscsi
+    name: d
+    iscsi: {poolDir: /p, portals: []}
+`)
+	_, err := LoadFile(path)
+	if err == nil {
+		t.Fatal("LoadFile accepted it")
+	}
+	for _, w := range []string{
+		`backends[0].iscsi.poolDir "rel"`, "backends[0].iscsi.maxProvisionedBytes",
+		`backends[0].iscsi.portals[0] "192.0.2.10"`, `backends[0].iscsi.portals[1] "host:99999"`,
+		`backends[0].iscsi.targetTool "scst"`, `backends[0].iscsi.tgtControlSocket "tgtd.sock"`,
+		`backends[0].iscsi.targetPrefix "iqn.2026-01.Dev.Spindle"`, `backends[0].iscsi.initiatorPrefix "eui.1234:x"`,
+		`backends[0].iscsi.attachMode "magic"`, `backends[0].iscsi.stateDir "run/spindle"`,
+		"backends[1]: type iscsi needs an iscsi section",
+		`backends[2]: an iscsi section does not belong to type "loop"`,
+		"backends[3].iscsi.portals: at least one", "backends[3].iscsi.targetPrefix",
+	} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not mention %q:\n%v", w, err)
+		}
+	}
+}

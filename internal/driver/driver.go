@@ -22,6 +22,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/iscsi"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
@@ -66,6 +67,19 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		switch b.Type {
 		case loop.Type:
 			inst, err = loop.New(b.Name, *b.Loop, run)
+		case iscsi.Type:
+			inst, err = iscsi.New(b.Name, *b.ISCSI, run)
+			if err == nil && opts.Mode.Controller() {
+				// tgtd forgets its targets when it restarts: re-apply
+				// every published volume's export from the pool. A target
+				// host that is down now is no reason not to serve: Probe
+				// reports it, and each volume's next publish re-applies it.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				if rerr := inst.Exporter.(*iscsi.Exporter).Reconcile(ctx); rerr != nil {
+					log.Warn("could not re-apply the exports of published volumes", zap.String("backend", b.Key()), zap.Error(rerr))
+				}
+				cancel()
+			}
 		default:
 			err = fmt.Errorf("unknown backend type %q", b.Type)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -218,6 +219,30 @@ func TestNew(t *testing.T) {
 		}
 		if d.version != "v9" || d.defaultInstance != "loop/fast" || !slices.Equal(d.instanceKeys(), []string{"loop/default", "loop/fast"}) {
 			t.Fatalf("driver version %q, default %q, instances %v", d.version, d.defaultInstance, d.instanceKeys())
+		}
+	})
+
+	// An iscsi instance whose tgtd is down: the controller still starts
+	// (Probe says what is wrong) and warns that it could not re-apply exports.
+	t.Run("iscsi instance with its target host down", func(t *testing.T) {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "config.yaml")
+		writeFile(t, cfg, "backends:\n  - type: iscsi\n    name: san\n    iscsi:\n"+
+			"      poolDir: "+filepath.Join(dir, "pool")+"\n      portals: [\"127.0.0.1:3260\"]\n"+
+			"      tgtControlSocket: "+filepath.Join(dir, "no-tgtd.socket")+"\n"+
+			"      targetPrefix: iqn.2026-01.dev.spindle\n      initiatorPrefix: iqn.2026-01.dev.spindle.node\n")
+		opts := base(t)
+		opts.ConfigFile = cfg
+		core, logs := observer.New(zap.WarnLevel)
+		d, err := New(opts, "v1", zap.New(core))
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if d.defaultInstance != "iscsi/san" {
+			t.Fatalf("default instance %q", d.defaultInstance)
+		}
+		if w := logs.FilterMessageSnippet("re-apply the exports").All(); len(w) != 1 {
+			t.Fatalf("warnings %v, want one about re-applying exports", logs.All())
 		}
 	})
 

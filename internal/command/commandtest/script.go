@@ -9,6 +9,7 @@ package commandtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ type Step struct {
 	stderr   string
 	exitCode int
 	err      error
+	stdin    *string
 }
 
 // Expect starts a step for the exact command line name args...
@@ -41,6 +43,10 @@ func (s *Step) Exits(code int, stderr string) *Step {
 	s.exitCode, s.stderr = code, stderr
 	return s
 }
+
+// Reads makes the step check that the command is fed exactly stdin (a
+// credential handed over on stdin rather than on the command line).
+func (s *Step) Reads(stdin string) *Step { s.stdin = &stdin; return s }
 
 // FailsToStart makes the command fail as if it could not be run at all.
 func (s *Step) FailsToStart(err error) *Step { s.err = err; return s }
@@ -100,6 +106,15 @@ func (s *Script) action(i int) testingexec.FakeCommandAction {
 		cmd.RunScript = []testingexec.FakeAction{func() ([]byte, []byte, error) {
 			if !slices.Contains(cmd.Env, "LC_ALL=C") {
 				s.t.Errorf("command %q ran without LC_ALL=C in its environment", got)
+			}
+			if st.stdin != nil {
+				var in []byte
+				if cmd.Stdin != nil {
+					in, _ = io.ReadAll(cmd.Stdin)
+				}
+				if string(in) != *st.stdin {
+					s.t.Errorf("command %q read stdin %q, want %q", got, in, *st.stdin)
+				}
 			}
 			if st.err != nil {
 				return nil, nil, st.err

@@ -1,0 +1,371 @@
+package iscsi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spindle-csi/spindle/internal/atomicfile"
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// recordsDir, inside the pool, holds one small record per published volume
+// that says whether its target requires CHAP (never the credentials), so a
+// target rebuilt without them fails closed. The filestore ignores dot names.
+const recordsDir = ".iscsi"
+
+// exportRecord is the pool's note about a volume's target.
+type exportRecord struct {
+	CHAP bool `json:"chap"`
+}
+
+// Exporter grants nodes access by putting their initiators in the ACL of
+// the volume's target, and records attachments in the image metadata.
+type Exporter struct {
+	store    *filestore.Store
+	tool     targetTool
+	cfg      Config
+	instance string
+	key      string // "iscsi/<instance>", for messages
+}
+
+var _ backend.Exporter = (*Exporter)(nil)
+
+// SupportsAccess implements backend.Exporter. A LUN of a file image may be
+// written from one node only (no cluster filesystem coordinates writers),
+// and shared across nodes read-only.
+func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
+	switch {
+	case t != backend.AccessMount && t != backend.AccessBlock:
+		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
+	case m.SingleNode(), m == backend.MultiNodeReaderOnly:
+		return nil
+	case m == backend.MultiNodeSingleWriter || m == backend.MultiNodeMultiWriter:
+		return errdefs.InvalidArgument("access mode %s is not supported by the iscsi backend: a LUN of a file image can be written from one node only", m)
+	default:
+		return errdefs.InvalidArgument("access mode %q is not supported by the iscsi backend", m)
+	}
+}
+
+// targetIQN is the IQN of the image's target.
+func (e *Exporter) targetIQN(imageID string) string {
+	return TargetIQN(e.cfg.TargetPrefix, e.instance, imageID)
+}
+
+// export is what the image's target must look like with these attachments.
+func (e *Exporter) export(img *backend.Image, chap *CHAP) (Export, error) {
+	x := Export{
+		IQN:       e.targetIQN(img.ID),
+		ImagePath: e.store.ImagePath(img.ID),
+		Serial:    Serial(e.instance, img.ID),
+		CHAP:      chap,
+		DirectIO:  img.MutableParameters[MutableParamDirectIO] == "true",
+	}
+	for _, a := range img.Attachments {
+		iqn, err := InitiatorIQN(e.cfg.InitiatorPrefix, a.NodeID)
+		if err != nil {
+			return Export{}, err
+		}
+		x.Initiators = append(x.Initiators, iqn)
+	}
+	slices.Sort(x.Initiators)
+	return x, nil
+}
+
+// Publish implements backend.Exporter: under the pool lock it admits the
+// attachment, applies the target (also on a repeated publish, which so
+// rebuilds a target lost with a tgtd restart) and then records it.
+func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
+	if _, err := InitiatorIQN(e.cfg.InitiatorPrefix, att.NodeID); err != nil {
+		return nil, err
+	}
+	chap, err := chapFrom(backend.SecretsFrom(ctx))
+	if err != nil {
+		return nil, err
+	}
+	node, err := e.store.Node(ctx, att.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	admit := func(img *backend.Image, others []*backend.Image) error {
+		already, err := backend.Admit(img, att)
+		if err != nil {
+			return err
+		}
+		before := img.Clone()
+		if !already {
+			if limit := node.MaxVolumesPerNode; limit > 0 {
+				if n := publishedTo(others, att.NodeID); n >= limit {
+					return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", att.NodeID, n, e.key, limit)
+				}
+			}
+			img.Attachments = append(img.Attachments, att)
+		}
+		if err := e.apply(ctx, img, chap, len(before.Attachments) > 0); err != nil {
+			if !already {
+				// Do not leave the new initiator in an ACL the record
+				// does not know about.
+				if rerr := e.applyACLOnly(ctx, before); rerr != nil {
+					err = errors.Join(err, fmt.Errorf("roll back the ACL: %w", rerr))
+				}
+			}
+			return err
+		}
+		if already {
+			return filestore.ErrUnchanged
+		}
+		return nil
+	}
+	var img *backend.Image
+	if node.MaxVolumesPerNode > 0 {
+		img, err = e.store.UpdateInPool(ctx, imageID, admit)
+	} else {
+		img, err = e.store.Update(ctx, imageID, func(img *backend.Image) error { return admit(img, nil) })
+	}
+	if err != nil {
+		return nil, err
+	}
+	readOnly := att.ReadOnly
+	for _, a := range img.Attachments {
+		if a.NodeID == att.NodeID {
+			readOnly = a.ReadOnly
+		}
+	}
+	return map[string]string{
+		ContextPortals:          strings.Join(e.cfg.Portals, ","),
+		ContextTargetIQN:        e.targetIQN(imageID),
+		ContextLUN:              strconv.Itoa(LUN),
+		ContextSerial:           Serial(e.instance, imageID),
+		backend.ContextReadOnly: strconv.FormatBool(readOnly),
+	}, nil
+}
+
+// apply makes the target match img's attachments and chap. A target that
+// requires CHAP keeps requiring it while the volume stays published: a
+// publish without credentials is refused rather than opening the LUN.
+func (e *Exporter) apply(ctx context.Context, img *backend.Image, chap *CHAP, published bool) error {
+	rec, err := e.readRecord(img.ID)
+	if err != nil {
+		return err
+	}
+	if published && rec.CHAP && chap == nil {
+		return errdefs.Precondition("volume %s is published with CHAP and this ControllerPublishVolume carries no CHAP secrets (%s, %s); refusing to drop authentication", img.ID, SecretUser, SecretPassword)
+	}
+	if want := (exportRecord{CHAP: chap != nil}); want != rec {
+		if err := e.writeRecord(img.ID, want); err != nil {
+			return err
+		}
+	}
+	x, err := e.export(img, chap)
+	if err != nil {
+		return err
+	}
+	return e.tool.Apply(ctx, x)
+}
+
+// applyACLOnly sets the target's ACL to img's attachments without
+// touching its CHAP accounts (for which it has no credentials); with no
+// attachments left the target goes.
+func (e *Exporter) applyACLOnly(ctx context.Context, img *backend.Image) error {
+	if len(img.Attachments) == 0 {
+		if err := e.tool.Remove(ctx, e.targetIQN(img.ID)); err != nil {
+			return err
+		}
+		return e.removeRecord(img.ID)
+	}
+	x, err := e.export(img, nil)
+	if err != nil {
+		return err
+	}
+	return e.tool.Apply(ctx, keepCHAP(x))
+}
+
+// keepCHAP marks an export whose CHAP accounts are to be left as they are.
+func keepCHAP(x Export) Export {
+	x.CHAP = &CHAP{User: keepAccounts}
+	return x
+}
+
+// keepAccounts, as a CHAP user, tells a target tool to keep the accounts it
+// has. It cannot be a real user: user names may not contain blanks.
+const keepAccounts = " keep "
+
+func (c *CHAP) keep() bool { return c != nil && c.User == keepAccounts }
+
+// publishedTo counts the images published to nodeID.
+func publishedTo(imgs []*backend.Image, nodeID string) int64 {
+	var n int64
+	for _, img := range imgs {
+		for _, a := range img.Attachments {
+			if a.NodeID == nodeID {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// Unpublish implements backend.Exporter: the node's initiator leaves the
+// ACL and loses its sessions; the last one takes the target with it.
+func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {
+	_, err := e.store.Update(ctx, imageID, func(img *backend.Image) error {
+		rest, found := backend.Detached(img.Attachments, nodeID)
+		if !found {
+			return filestore.ErrUnchanged
+		}
+		img.Attachments = rest
+		return e.applyACLOnly(ctx, img)
+	})
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		// A deleted volume has no attachments; a target left by an
+		// interrupted delete goes now.
+		if rerr := e.tool.Remove(ctx, e.targetIQN(imageID)); rerr != nil {
+			return rerr
+		}
+		return nil
+	}
+	return err
+}
+
+// Reconcile makes the target host match the pool, as after a tgtd restart:
+// every published volume gets its target back (those published with CHAP
+// locked, with an empty ACL, until their next publish brings the
+// credentials); targets of this instance that belong to no published volume
+// go. A controller runs it when it starts.
+func (e *Exporter) Reconcile(ctx context.Context) error {
+	imgs, err := e.store.List(ctx)
+	if err != nil {
+		return err
+	}
+	existing, err := e.tool.Targets(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	want := map[string]bool{}
+	for _, img := range imgs {
+		if len(img.Attachments) == 0 {
+			continue
+		}
+		iqn := e.targetIQN(img.ID)
+		want[iqn] = true
+		x, err := e.export(img, nil)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rec, err := e.readRecord(img.ID)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		case slices.Contains(existing, iqn):
+			x = keepCHAP(x)
+		case rec.CHAP:
+			x.Initiators = nil // locked until the next publish
+		}
+		if err := e.tool.Apply(ctx, x); err != nil {
+			errs = append(errs, fmt.Errorf("volume %s: %w", img.ID, err))
+		}
+	}
+	ours := e.cfg.TargetPrefix + ":" + e.instance + "."
+	for _, iqn := range existing {
+		if strings.HasPrefix(iqn, ours) && !want[iqn] {
+			if err := e.tool.Remove(ctx, iqn); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Exporter) recordPath(id string) string {
+	return filepath.Join(e.store.Dir(), recordsDir, id+".json")
+}
+
+func (e *Exporter) readRecord(id string) (exportRecord, error) {
+	var rec exportRecord
+	data, err := os.ReadFile(e.recordPath(id))
+	if os.IsNotExist(err) {
+		return rec, nil
+	}
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return rec, fmt.Errorf("export record %s is corrupt: %w", e.recordPath(id), err)
+	}
+	return rec, nil
+}
+
+func (e *Exporter) writeRecord(id string, rec exportRecord) error {
+	if err := os.MkdirAll(filepath.Dir(e.recordPath(id)), 0o750); err != nil {
+		return err
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(e.recordPath(id), append(data, '\n'), 0o600)
+}
+
+func (e *Exporter) removeRecord(id string) error {
+	return atomicfile.Remove(e.recordPath(id))
+}
+
+// Store is the filestore pool with the target kept in step: Delete removes
+// a target an interrupted unpublish left, Expand makes a published LUN take
+// the new size.
+type Store struct {
+	*filestore.Store
+	exp *Exporter
+}
+
+var _ backend.ImageStore = (*Store)(nil)
+
+// Delete implements backend.ImageStore.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := s.Store.Delete(ctx, id); err != nil {
+		return err
+	}
+	// An unreachable tgtd holds no target to remove (it forgets them all
+	// when it restarts); the controller's start-up reconcile removes strays.
+	if err := s.exp.tool.Remove(ctx, s.exp.targetIQN(id)); err != nil && errdefs.KindOf(err) != errdefs.ErrUnavailable {
+		return err
+	}
+	return s.exp.removeRecord(id)
+}
+
+// Expand implements backend.ImageStore. The LUN is resized on every call
+// for a published volume, so a retry after a failed resize completes it.
+func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend.Image, error) {
+	img, err := s.Store.Expand(ctx, id, newBytes)
+	if err != nil || len(img.Attachments) == 0 {
+		return img, err
+	}
+	x, err := s.exp.export(img, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.exp.tool.Resize(ctx, x); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// Probe implements backend.ImageStore: the pool and the target are usable.
+func (s *Store) Probe(ctx context.Context) error {
+	if err := s.Store.Probe(ctx); err != nil {
+		return err
+	}
+	return s.exp.tool.Probe(ctx)
+}

@@ -1,0 +1,372 @@
+package iscsi_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/conformance"
+	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/backend/iscsi"
+	"github.com/spindle-csi/spindle/internal/backend/iscsi/iscsitest"
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/testutil"
+)
+
+// chapSecrets are the CSI secrets the real tests publish and attach with.
+var chapSecrets = map[string]string{
+	iscsi.SecretUser:     "spindle-test",
+	iscsi.SecretPassword: "not-a-real-secret-1",
+}
+
+// realEnv is an iSCSI instance on a tgtd of its own, attached with the
+// userspace initiator.
+type realEnv struct {
+	inst  *backend.Instance
+	store *filestore.Store
+	cfg   iscsi.Config
+	tgtd  *iscsitest.Tgtd
+}
+
+func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
+	t.Helper()
+	tgtd := iscsitest.StartTgtd(t)
+	cfg := tgtd.Config(t, filepath.Join(t.TempDir(), "pool"))
+	cfg.MaxProvisionedBytes = maxBytes
+	inst, err := iscsi.New("test", cfg, command.New(utilexec.New(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &realEnv{inst: inst, store: inst.Store.(*iscsi.Store).Store, cfg: cfg, tgtd: tgtd}
+	// Registered after tgtd's stop, so it runs before it: nothing of the
+	// test may be left attached.
+	iscsitest.CheckNoLeaks(t, cfg.StateDir)
+	return e
+}
+
+func (e *realEnv) fixture() *conformance.Fixture {
+	return &conformance.Fixture{
+		Instance:   e.inst,
+		ImageID:    filestore.ImageIDForName,
+		Artifacts:  e.artifacts,
+		WriteImage: e.writeImage,
+		ReadImage:  e.readImage,
+		Secrets:    chapSecrets,
+		// Conformance only modifies; TestDirectIOReachesTgt attaches one.
+		MutableParameters: map[string]string{iscsi.MutableParamDirectIO: "true"},
+	}
+}
+
+// TestConformanceTgtUserspace runs the shared suite against a real tgtd,
+// attaching through qemu-storage-daemon + FUSE + loop, with CHAP on every
+// publish and attach. The small-capacity variant is a provisioning cap.
+func TestConformanceTgtUserspace(t *testing.T) {
+	conformance.Run(t, func(t *testing.T, opts conformance.Options) *conformance.Fixture {
+		return newRealEnv(t, opts.CapacityBytes).fixture()
+	})
+}
+
+func (e *realEnv) writeImage(_ context.Context, id string, off int64, data []byte) error {
+	f, err := os.OpenFile(e.store.ImagePath(id), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(data, off); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+func (e *realEnv) readImage(_ context.Context, id string, off int64, n int) ([]byte, error) {
+	f, err := os.Open(e.store.ImagePath(id))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	_, err = f.ReadAt(buf, off)
+	return buf, err
+}
+
+// artifacts lists the pool's entries with their sizes and tgtd's targets.
+func (e *realEnv) artifacts(context.Context) ([]string, error) {
+	var out []string
+	err := filepath.WalkDir(e.store.Dir(), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == e.store.Dir() {
+			return err
+		}
+		rel, _ := filepath.Rel(e.store.Dir(), p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			out = append(out, rel+"/")
+		} else {
+			out = append(out, fmt.Sprintf("%s %d", rel, info.Size()))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	iqns, err := e.tgtd.TargetIQNs()
+	for _, iqn := range iqns {
+		out = append(out, "target "+iqn)
+	}
+	return out, err
+}
+
+// published creates a volume and publishes it to node with CHAP.
+func (e *realEnv) published(t *testing.T, name, node string, mode backend.AccessMode) (*backend.Image, map[string]string) {
+	t.Helper()
+	ctx := backend.WithSecrets(t.Context(), chapSecrets)
+	if err := e.inst.Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: node}); err != nil {
+		t.Fatal(err)
+	}
+	img, err := e.inst.Store.Create(ctx, backend.VolumeSpec{Name: name, CapacityBytes: 8 << 20, AccessType: backend.AccessBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := e.inst.Exporter.Publish(ctx, img.ID, backend.Attachment{NodeID: node, AccessMode: mode, Since: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img, pc
+}
+
+// iscsiURL is libiscsi's URL of a LUN, with credentials when given.
+func iscsiURL(portal, iqn, user, password string) string {
+	cred := ""
+	if user != "" {
+		cred = user + "%" + password + "@"
+	}
+	return fmt.Sprintf("iscsi://%s%s/%s/%d", cred, portal, iqn, iscsi.LUN)
+}
+
+func runTool(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestACLAndCHAPFromTheInitiatorSide checks with libiscsi's own tools, not
+// through the code under test, what the target lets through: the published
+// node's initiator with the right CHAP secret sees LUN 1; another initiator
+// does not even discover the target; a wrong password is refused; after
+// unpublish nobody gets in and the target is gone.
+func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
+	e := newRealEnv(t, 0)
+	img, pc := e.published(t, "pvc-acl", "node-a", backend.SingleNodeWriter)
+	iqn := pc[iscsi.ContextTargetIQN]
+	nodeA := iscsitest.InitiatorPrefix + ":node-a"
+	nodeB := iscsitest.InitiatorPrefix + ":node-b"
+	user, pass := chapSecrets[iscsi.SecretUser], chapSecrets[iscsi.SecretPassword]
+
+	tests := []struct {
+		name      string
+		tool      string
+		args      []string
+		want      string // in the output
+		forbidden string // never in the output
+	}{
+		{"published node sees the LUN", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, pass)}, "Peripheral Device Type:DIRECT_ACCESS", ""},
+		{"published node lists the target", "iscsi-ls", []string{"-i", nodeA, "-s", "iscsi://" + user + "%" + pass + "@" + e.tgtd.Portal}, "Target:" + iqn, ""},
+		{"other node cannot log in", "iscsi-inq", []string{"-i", nodeB, iscsiURL(e.tgtd.Portal, iqn, user, pass)}, "Target not found(515)", "DIRECT_ACCESS"},
+		{"other node does not discover it", "iscsi-ls", []string{"-i", nodeB, "-s", "iscsi://" + user + "%" + pass + "@" + e.tgtd.Portal}, "", iqn},
+		{"wrong CHAP password is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, "wrong-password-1")}, "Authentication failure(513)", "DIRECT_ACCESS"},
+		{"no CHAP is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, "", "")}, "", "DIRECT_ACCESS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _ := runTool(t, tt.tool, tt.args...)
+			if tt.want != "" && !strings.Contains(out, tt.want) {
+				t.Errorf("%s printed\n%s\nwant %q in it", tt.tool, out, tt.want)
+			}
+			if tt.forbidden != "" && strings.Contains(out, tt.forbidden) {
+				t.Errorf("%s printed\n%s\nwhich must not contain %q", tt.tool, out, tt.forbidden)
+			}
+		})
+	}
+
+	if err := e.inst.Exporter.Unpublish(t.Context(), img.ID, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(e.tgtd.Targets(t), iqn) {
+		t.Fatalf("target %s still exists after its only node was unpublished", iqn)
+	}
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
+		t.Fatalf("the unpublished node still sees the LUN:\n%s", out)
+	}
+}
+
+// TestReconcileAfterTgtdRestart: a tgtd restart loses every target.
+// Reconcile rebuilds the targets of published volumes from the pool; one
+// published with CHAP comes back locked (no initiator may log in, since
+// the pool keeps no password) until the next publish brings the secrets;
+// a target of this instance that no published volume owns goes.
+func TestReconcileAfterTgtdRestart(t *testing.T) {
+	e := newRealEnv(t, 0)
+	ctx := t.Context()
+	plain, err := e.inst.Store.Create(ctx, backend.VolumeSpec{Name: "pvc-plain", CapacityBytes: 8 << 20, AccessType: backend.AccessBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.inst.Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	pcPlain, err := e.inst.Exporter.Publish(ctx, plain.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chapped, pcCHAP := e.published(t, "pvc-chap", "node-a", backend.SingleNodeWriter)
+
+	e.tgtd.Restart(t)
+	if got := e.tgtd.Targets(t); len(got) != 0 {
+		t.Fatalf("targets after a tgtd restart = %v", got)
+	}
+	// A stray target of this instance, as an interrupted unpublish leaves.
+	stray := iscsi.TargetIQN(e.cfg.TargetPrefix, "test", "pvc-stray")
+	cmd := exec.Command("tgtadm", "--lld", "iscsi", "--mode", "target", "--op", "new", "--tid", "9", "--targetname", stray)
+	cmd.Env = append(os.Environ(), "TGT_IPC_SOCKET="+e.tgtd.Socket)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+
+	if err := e.inst.Exporter.(*iscsi.Exporter).Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	got := e.tgtd.Targets(t)
+	slices.Sort(got)
+	want := []string{pcCHAP[iscsi.ContextTargetIQN], pcPlain[iscsi.ContextTargetIQN]}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("targets after Reconcile = %v, want %v", got, want)
+	}
+	nodeA := iscsitest.InitiatorPrefix + ":node-a"
+	user, pass := chapSecrets[iscsi.SecretUser], chapSecrets[iscsi.SecretPassword]
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcPlain[iscsi.ContextTargetIQN], "", "")); !strings.Contains(out, "DIRECT_ACCESS") {
+		t.Fatalf("the rebuilt plain target does not serve node-a:\n%s", out)
+	}
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcCHAP[iscsi.ContextTargetIQN], user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
+		t.Fatalf("the CHAP target came back open before its credentials did:\n%s", out)
+	}
+	// A publish without the credentials may not open it either.
+	_, err = e.inst.Exporter.Publish(ctx, chapped.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter})
+	if err == nil || !strings.Contains(err.Error(), "CHAP") {
+		t.Fatalf("a publish without CHAP secrets of a CHAP volume = %v, want a refusal", err)
+	}
+	// The repeated publish with them (as the external-attacher retries) restores it.
+	if _, err := e.inst.Exporter.Publish(backend.WithSecrets(ctx, chapSecrets), chapped.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcCHAP[iscsi.ContextTargetIQN], user, pass)); !strings.Contains(out, "DIRECT_ACCESS") {
+		t.Fatalf("the CHAP target is still locked after a publish with its secrets:\n%s", out)
+	}
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcCHAP[iscsi.ContextTargetIQN], "", "")); strings.Contains(out, "DIRECT_ACCESS") {
+		t.Fatalf("the CHAP target lets node-a in without CHAP:\n%s", out)
+	}
+}
+
+// The userspace attacher's refusals, with the real daemon's login errors.
+func TestUserspaceAttachRefusals(t *testing.T) {
+	e := newRealEnv(t, 0)
+	img, pc := e.published(t, "pvc-refuse", "node-a", backend.SingleNodeWriter)
+	req := backend.AttachRequest{ImageID: img.ID, NodeID: "node-a", PublishContext: pc}
+	tests := []struct {
+		name     string
+		secrets  map[string]string
+		kind     error
+		mentions []string
+	}{
+		{"wrong CHAP password", map[string]string{iscsi.SecretUser: chapSecrets[iscsi.SecretUser], iscsi.SecretPassword: "wrong-password-1"},
+			errdefs.ErrPrecondition, []string{"CHAP authentication", pc[iscsi.ContextTargetIQN]}},
+		{"no CHAP", nil, errdefs.ErrPrecondition, []string{pc[iscsi.ContextTargetIQN]}},
+		{"mutual CHAP", map[string]string{iscsi.SecretUser: "u", iscsi.SecretPassword: "p", iscsi.SecretMutualUser: "m", iscsi.SecretMutualPassword: "q"},
+			errdefs.ErrPrecondition, []string{"mutual CHAP", "kernel"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.inst.Attacher.Attach(backend.WithSecrets(t.Context(), tt.secrets), req)
+			testutil.WantKind(t, err, tt.kind, tt.mentions...)
+			for _, k := range []string{iscsi.SecretPassword, iscsi.SecretMutualPassword} {
+				if v := tt.secrets[k]; len(v) > 3 && strings.Contains(err.Error(), v) {
+					t.Fatalf("the error shows %s: %v", k, err)
+				}
+			}
+			if devs, _ := e.inst.Attacher.Devices(t.Context(), img.ID); len(devs) != 0 {
+				t.Fatalf("a refused attach left devices %v", devs)
+			}
+		})
+	}
+	// Another node's initiator is not in the ACL.
+	if err := e.inst.Attacher.RegisterNode(t.Context(), backend.NodeInfo{NodeID: "node-b"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.inst.Exporter.Publish(backend.WithSecrets(t.Context(), chapSecrets), img.ID, backend.Attachment{NodeID: "node-b", AccessMode: backend.SingleNodeWriter}); errdefs.KindOf(err) != errdefs.ErrPrecondition {
+		t.Fatalf("publish to a second node of an RWO volume = %v, want a precondition", err)
+	}
+}
+
+// TestDirectIOReachesTgt: a volume whose mutable directIO is "true" gets a
+// LUN that tgtd opens with O_DIRECT, and it still attaches and carries data.
+func TestDirectIOReachesTgt(t *testing.T) {
+	e := newRealEnv(t, 0)
+	ctx := backend.WithSecrets(t.Context(), chapSecrets)
+	if err := e.inst.Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	img, err := e.inst.Store.Create(ctx, backend.VolumeSpec{Name: "pvc-dio", CapacityBytes: 8 << 20, AccessType: backend.AccessBlock,
+		MutableParameters: map[string]string{iscsi.MutableParamDirectIO: "true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := e.inst.Exporter.Publish(ctx, img.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("tgtadm", "--lld", "iscsi", "--mode", "target", "--op", "show")
+	cmd.Env = append(os.Environ(), "TGT_IPC_SOCKET="+e.tgtd.Socket)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Backing store flags: direct") {
+		t.Fatalf("tgtadm show (%v):\n%s\nwant the LUN opened with bsoflags direct", err, out)
+	}
+	dev, err := e.inst.Attacher.Attach(ctx, backend.AttachRequest{ImageID: img.ID, NodeID: "node-a", PublishContext: pc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.inst.Attacher.Detach(context.Background(), img.ID, ""); err != nil {
+			t.Error(err)
+		}
+	})
+	payload := []byte("spindle direct-io payload")
+	f, err := os.OpenFile(dev.Path, os.O_WRONLY|os.O_SYNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(payload, 4096); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	got, err := e.readImage(ctx, img.ID, 4096, len(payload))
+	if err != nil || string(got) != string(payload) {
+		t.Fatalf("the image file holds %q (%v) after a write through %s; want %q", got, err, dev.Path, payload)
+	}
+}
