@@ -252,3 +252,20 @@ type metaOnly struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
 }
+
+// leafKeys lists the dotted paths of values.yaml's keys down to the first
+// list or empty map (what the README documents).
+func leafKeys(prefix string, v any, out *[]string) {
+	m, ok := v.(map[string]any)
+	if !ok || len(m) == 0 {
+		*out = append(*out, prefix)
+		return
+	}
+	for k, sub := range m {
+		p := k
+		if prefix != "" {
+			p = prefix + "." + k
+		}
+		leafKeys(p, sub, out)
+	}
+}
