@@ -76,14 +76,15 @@ pool-{{ len $seen }}={{ .loop.poolDir }}
 {{- end -}}
 {{- end -}}
 
-{{/* volumeMounts of the pool directories. */}}
+{{/* volumeMounts of the pool directories (a shared filesystem must be
+mounted there before the pods start: no propagation, so that a host whose
+mounts are private can run them). */}}
 {{- define "spindle.poolMounts" -}}
 {{- range (include "spindle.poolDirs" . | trim | splitList "\n") }}
 {{- if . }}
 {{- $kv := splitn "=" 2 . }}
 - name: {{ $kv._0 }}
   mountPath: {{ $kv._1 }}
-  mountPropagation: HostToContainer
 {{- end }}
 {{- end }}
 {{- end -}}
