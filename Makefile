@@ -3,7 +3,10 @@
 #   make demo    build the driver and take one volume through its whole
 #                lifecycle on the embedded loop backend (root)
 #   make test    every test: unit, backend conformance, csi-sanity,
-#                lifecycle on real loop devices (root)
+#                lifecycle on real loop devices, the Helm chart (root)
+#   make chart-test  the Helm chart's tests only (builds helm, cached)
+#   make images  the driver and sidecar images as tarballs in build/images
+#                (hack/images.sh; the sidecars need hack/local-cluster/build.sh)
 #   make bench   driver vs plain commands, per-RPC latency, load (root)
 #   make e2e     a real local Kubernetes (hack/local-cluster) with Spindle and
 #                its sidecars; the Kubernetes e2e tests against it (root)
@@ -19,7 +22,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test demo bench e2e cluster-up cluster-down clean
+.PHONY: all build deps lint test chart-test images helm demo bench e2e cluster-up cluster-down clean
 
 all: build
 
@@ -35,10 +38,20 @@ lint:
 	$(GO) vet ./...
 
 # The csi-sanity runs write their spec counts to $(REPORTS), printed last.
-test: deps lint
+# helm is built first (hack/helm.sh, cached) so the chart's tests run too.
+test: deps lint helm
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
-	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 ./...
+	SPINDLE_HELM=$$(hack/helm.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 ./...
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
+
+helm:
+	@hack/helm.sh >/dev/null
+
+chart-test: helm
+	SPINDLE_HELM=$$(hack/helm.sh) $(GO) test -race -count=1 ./e2e/chart/
+
+images:
+	hack/images.sh all
 
 demo: deps build
 	$(GO) run ./e2e/cmd/spindle-demo --driver $(BIN)/spindle

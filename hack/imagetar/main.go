@@ -9,7 +9,10 @@
 //
 // -file copies one file; -program copies a program found on PATH together
 // with the shared libraries ldd reports for it (and the dynamic loader), so
-// the image's tools run exactly as they do on the host. The layer is written
+// the image's tools run exactly as they do on the host. With -merged-usr the
+// image has Debian's merged /usr like the host: /bin, /sbin, /lib and /lib64
+// are symlinks into /usr, and files are stored under /usr, so scripts'
+// "#!/bin/sh" and the loader path /lib64/ld-linux-x86-64.so.2 resolve. The layer is written
 // deterministically (sorted, zero times, root-owned), so the same inputs make
 // the same image ID.
 package main
@@ -57,6 +60,7 @@ func run(args []string) error {
 	fs.Var(&programs, "program", "program on PATH to copy with its shared libraries")
 	fs.Var(&envs, "env", "KEY=VALUE in the image config")
 	fs.Var(&dirs, "dir", "empty directory to create in the image")
+	mergedUsr := fs.Bool("merged-usr", false, "make /bin, /sbin, /lib and /lib64 symlinks into /usr and store files there")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,6 +68,13 @@ func run(args []string) error {
 		return errors.New("-tag and -o are required")
 	}
 	layer := newLayer()
+	if *mergedUsr {
+		for _, d := range mergedDirs {
+			layer.dir("/usr/" + d)
+			layer.entries["/"+d] = entry{kind: tar.TypeSymlink, target: "usr/" + d}
+		}
+		layer.mergedUsr = true
+	}
 	for _, d := range append([]string{"/tmp", "/etc", "/dev", "/proc", "/sys", "/run"}, dirs...) {
 		layer.dir(d)
 	}
@@ -88,7 +99,25 @@ func run(args []string) error {
 
 // layer is the image's single filesystem layer, keyed by path in the image.
 type layer struct {
-	entries map[string]entry
+	entries   map[string]entry
+	mergedUsr bool
+}
+
+// mergedDirs are the top-level directories that merged /usr turns into
+// symlinks.
+var mergedDirs = []string{"bin", "sbin", "lib", "lib64"}
+
+// canon is p as stored in the layer: under /usr for a merged-/usr image.
+func (l *layer) canon(p string) string {
+	p = path.Clean("/" + p)
+	if l.mergedUsr {
+		for _, d := range mergedDirs {
+			if p == "/"+d || strings.HasPrefix(p, "/"+d+"/") {
+				return "/usr" + p
+			}
+		}
+	}
+	return p
 }
 
 type entry struct {
@@ -101,7 +130,7 @@ type entry struct {
 func newLayer() *layer { return &layer{entries: map[string]entry{}} }
 
 func (l *layer) dir(p string) {
-	p = path.Clean("/" + p)
+	p = l.canon(p)
 	for d := p; d != "/"; d = path.Dir(d) {
 		if _, ok := l.entries[d]; !ok {
 			mode := int64(0o755)
@@ -127,7 +156,7 @@ func (l *layer) file(src, dst string) error {
 	if !st.Mode().IsRegular() {
 		return fmt.Errorf("%s is not a regular file", src)
 	}
-	dst = path.Clean("/" + dst)
+	dst = l.canon(dst)
 	l.dir(path.Dir(dst))
 	l.entries[dst] = entry{kind: tar.TypeReg, src: src, mode: int64(st.Mode().Perm())}
 	return nil

@@ -1,0 +1,24 @@
+# The Spindle driver image, for users with Docker (or any OCI builder):
+#
+#   docker build -t ghcr.io/spindle-csi/spindle:dev .
+#
+# hack/images.sh assembles the same runtime (the static binary plus the
+# filesystem and block tools) from this machine's files, without an engine.
+FROM golang:1.26-trixie AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=v0.0.0-dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/spindle ./cmd/spindle
+
+FROM debian:trixie-slim
+# e2fsprogs, xfsprogs, btrfs-progs: mkfs, fsck, grow; util-linux and mount:
+# losetup, blkid, mount, findmnt; open-iscsi: iscsiadm; ceph-common: rbd;
+# kmod: modprobe for krbd and iscsi_tcp.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common kmod ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/spindle /usr/local/bin/spindle
+ENTRYPOINT ["/usr/local/bin/spindle"]

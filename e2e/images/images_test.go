@@ -1,0 +1,132 @@
+// Package images tests the images hack/images.sh assembles: the driver
+// image is unpacked and its programs run in a chroot, as a container
+// runtime would run them (root needed; skipped otherwise).
+package images
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// buildDriverImage runs hack/images.sh driver into a temporary directory
+// and returns the tarball.
+func buildDriverImage(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the driver image (-short)")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("../../hack/images.sh", "driver")
+	cmd.Env = append(os.Environ(), "IMAGES_DIR="+dir, "TAG=test")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("hack/images.sh driver: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "spindle.tar")
+}
+
+// unpack extracts the image's manifest, config and its one layer into root.
+func unpack(t *testing.T, image, root string) (manifest []map[string]any, config map[string]any) {
+	t.Helper()
+	f, err := os.Open(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	members := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		members[h.Name] = data
+	}
+	if err := json.Unmarshal(members["manifest.json"], &manifest); err != nil || len(manifest) != 1 {
+		t.Fatalf("manifest.json: %v %s", err, members["manifest.json"])
+	}
+	if err := json.Unmarshal(members[manifest[0]["Config"].(string)], &config); err != nil {
+		t.Fatalf("image config: %v", err)
+	}
+	layers := manifest[0]["Layers"].([]any)
+	if len(layers) != 1 {
+		t.Fatalf("layers %v, want one", layers)
+	}
+	cmd := exec.Command("tar", "-x", "-C", root)
+	cmd.Stdin = strings.NewReader(string(members[layers[0].(string)]))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("unpack the layer: %v %s", err, out)
+	}
+	return manifest, config
+}
+
+func TestDriverImageRuns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
+	}
+	image := buildDriverImage(t)
+	root := t.TempDir()
+	manifest, config := unpack(t, image, root)
+	if tags := manifest[0]["RepoTags"].([]any); len(tags) != 1 || tags[0] != "local.test/spindle:test" {
+		t.Errorf("RepoTags %v, want [local.test/spindle:test]", tags)
+	}
+	if ep := config["config"].(map[string]any)["Entrypoint"].([]any); len(ep) != 1 || ep[0] != "/usr/local/bin/spindle" {
+		t.Errorf("Entrypoint %v, want [/usr/local/bin/spindle]", ep)
+	}
+	// A file image to format: what the node plugin does to a loop device.
+	if err := os.WriteFile(filepath.Join(root, "tmp", "img"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(root, "tmp", "img"), 512<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string // in the output
+	}{
+		{[]string{"/usr/local/bin/spindle", "--version"}, ""},
+		{[]string{"/usr/local/bin/spindle", "--help"}, "-plugin-registration-dir"},
+		{[]string{"mkfs.ext4", "-V"}, "mke2fs"},
+		{[]string{"blkid", "-V"}, "blkid from util-linux"},
+		{[]string{"losetup", "--version"}, "losetup from util-linux"},
+		{[]string{"mount", "--version"}, "mount from util-linux"},
+		{[]string{"findmnt", "--version"}, "findmnt from util-linux"},
+		{[]string{"mkfs.xfs", "-V"}, "mkfs.xfs version"},
+		{[]string{"xfs_growfs", "-V"}, "xfs_growfs version"},
+		{[]string{"xfs_info", "-V"}, "xfs_info version"}, // a shell script: /bin/sh resolves
+		{[]string{"mkfs.btrfs", "--version"}, "mkfs.btrfs"},
+		{[]string{"btrfs", "--version"}, "btrfs-progs"},
+		{[]string{"resize2fs"}, "Usage: resize2fs"},
+		{[]string{"e2fsck", "-V"}, "e2fsck"},
+		// Formatting uses /etc/mke2fs.conf; blkid then sees the filesystem.
+		{[]string{"mkfs.ext4", "-F", "-q", "/tmp/img"}, ""},
+		{[]string{"blkid", "-p", "-o", "export", "/tmp/img"}, "TYPE=ext4"},
+		{[]string{"dumpe2fs", "-h", "/tmp/img"}, "Block size:               4096"},
+		{[]string{"mkfs.xfs", "-f", "-q", "/tmp/img"}, ""},
+		{[]string{"blkid", "-p", "-o", "export", "/tmp/img"}, "TYPE=xfs"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			cmd := exec.Command("chroot", append([]string{root}, c.args...)...)
+			cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+			out, err := cmd.CombinedOutput()
+			// resize2fs without arguments prints its usage and exits 1.
+			if err != nil && c.args[0] != "resize2fs" {
+				t.Fatalf("chroot %s: %v\n%s", strings.Join(c.args, " "), err, out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Fatalf("output does not contain %q:\n%s", c.want, out)
+			}
+		})
+	}
+}

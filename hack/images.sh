@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Assembles Spindle's container images without a container engine or a
+# registry, as docker-archive tarballs that `ctr -n k8s.io images import`
+# (and `kind load image-archive`) read:
+#
+#   spindle.tar           local.test/spindle:$TAG — the static driver binary
+#                         plus this machine's filesystem tools and their
+#                         shared libraries (what the Dockerfile installs from
+#                         Debian's packages for users with Docker)
+#   csi-provisioner.tar   local.test/csi-provisioner:v6.3.0, and likewise
+#   csi-attacher.tar      csi-attacher, csi-resizer, csi-snapshotter and
+#   ...                   snapshot-controller, from the binaries that
+#                         hack/local-cluster/build.sh puts in $CACHE/bin
+#
+#   hack/images.sh [driver|sidecars|all]     (default all)
+#
+# IMAGES_DIR (default build/images) receives the tarballs; TAG (default dev)
+# tags the driver image. The sidecar tags are build.sh's pinned versions.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spindle/local-cluster}
+OUT=${IMAGES_DIR:-$REPO/build/images}
+TAG=${TAG:-dev}
+VERSION=${VERSION:-$(git -C "$REPO" describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)}
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+what=${1:-all}
+mkdir -p "$OUT"
+imagetar() { (cd "$REPO" && go run ./hack/imagetar "$@"); }
+
+# The programs the driver runs (internal/node, internal/backend/loop,
+# k8s.io/mount-utils), with what they need at run time.
+PROGRAMS=(losetup blkid wipefs mount umount findmnt mountpoint lsblk blockdev
+  mkfs mkfs.ext4 mke2fs resize2fs e2fsck fsck fsck.ext4 dumpe2fs tune2fs
+  mkfs.xfs xfs_growfs xfs_info xfs_spaceman xfs_db xfs_repair
+  mkfs.btrfs btrfs stat sync sh)
+FILES=(/etc/mke2fs.conf)
+
+driver() {
+  echo "images: local.test/spindle:$TAG" >&2
+  (cd "$REPO" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$OUT/spindle" ./cmd/spindle)
+  local args=(-tag "local.test/spindle:$TAG" -o "$OUT/spindle.tar"
+    -merged-usr -file "$OUT/spindle:/usr/local/bin/spindle" -entrypoint /usr/local/bin/spindle
+    -dir /var/lib/spindle -dir /run/spindle -dir /etc/spindle)
+  local p f
+  for p in "${PROGRAMS[@]}"; do args+=(-program "$p"); done
+  for f in "${FILES[@]}"; do args+=(-file "$f"); done
+  imagetar "${args[@]}"
+  rm -f "$OUT/spindle"
+}
+
+# name version: the image of one sidecar binary from build.sh.
+sidecar() {
+  local name=$1 version=$2
+  echo "images: local.test/$name:$version" >&2
+  imagetar -tag "local.test/$name:$version" -o "$OUT/$name.tar" \
+    -file "$CACHE/bin/$name:/$name" -entrypoint "/$name"
+}
+
+sidecars() {
+  local missing=() b
+  for b in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller; do
+    [ -x "$CACHE/bin/$b" ] || missing+=("$b")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "images: ${missing[*]} not built in $CACHE/bin; run hack/local-cluster/build.sh first" >&2
+    exit 1
+  fi
+  # The versions build.sh pins (its defaults, overridable the same way).
+  sidecar csi-provisioner "${PROVISIONER:-v6.3.0}"
+  sidecar csi-attacher "${ATTACHER:-v4.13.0}"
+  sidecar csi-resizer "${RESIZER:-v2.3.0}"
+  sidecar csi-snapshotter "${SNAPSHOTTER:-v8.7.0}"
+  sidecar snapshot-controller "${SNAPSHOTTER:-v8.7.0}"
+}
+
+case $what in
+driver) driver ;;
+sidecars) sidecars ;;
+all) sidecars && driver ;;
+*) echo "usage: hack/images.sh [driver|sidecars|all]" >&2; exit 2 ;;
+esac
+echo "images: tarballs in $OUT; import with: ctr -n k8s.io images import $OUT/<name>.tar" >&2
