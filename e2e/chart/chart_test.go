@@ -63,7 +63,7 @@ func renderings() []struct {
 		{name: "defaults", want: defaults},
 		{name: "local-cluster", files: ex("local-cluster.yaml"), want: with(func(w *want) {
 			w.kubeletDir, w.pullPolicy, w.apiServer = "/var/tmp/spindle-local-cluster/kubelet", corev1.PullNever, "127.0.0.1:6443"
-			w.registration, w.nodeMode, w.hostNetwork, w.ctrlHostNet, w.liveness, w.snapshotCtl = "driver", "all", true, true, false, true
+			w.registration, w.nodeMode, w.hostNetwork, w.ctrlHostNet, w.liveness, w.snapshotCtl = "driver", "node", true, true, false, true
 			w.poolDirs = []string{"/var/tmp/spindle-local-cluster/pool"}
 		})},
 		{name: "node-local", files: ex("node-local.yaml"), want: with(func(w *want) {

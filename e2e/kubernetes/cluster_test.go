@@ -16,7 +16,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -318,11 +317,26 @@ func (c *cluster) attachmentsOf(ctx context.Context, pv string) ([]storagev1.Vol
 	return out, nil
 }
 
-// csiClient talks to the driver's own socket, as the sidecars do, so a test
-// can compare what Kubernetes shows with what the driver answers.
+// controllerSocket is the socket of the driver's controller service: the
+// host process's (DEPLOY=process), or the controller pod's socket
+// directory, an emptyDir kubelet keeps under the pod's directory (DEPLOY=helm).
+func (c *cluster) controllerSocket(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(c.dir, "logs", "spindle.log")); err == nil {
+		return c.csiSocket()
+	}
+	sockets, _ := filepath.Glob(filepath.Join(c.kubeletDir(), "pods/*/volumes/kubernetes.io~empty-dir/socket-dir/csi.sock"))
+	if len(sockets) != 1 {
+		t.Fatalf("controller sockets under %s: %v, want one", c.kubeletDir(), sockets)
+	}
+	return sockets[0]
+}
+
+// csiClient talks to the driver's controller socket, as the sidecars do, so
+// a test can compare what Kubernetes shows with what the driver answers.
 func (c *cluster) csiClient(t *testing.T) csi.ControllerClient {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+c.csiSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+c.controllerSocket(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,22 +402,29 @@ func mountsAt(t *testing.T, path string) []mount {
 }
 
 // driverLog returns the driver's log entries (JSON lines) that match every
-// key=value in match.
+// key=value in match: from the host process's log (DEPLOY=process) or from
+// the logs kubelet keeps of the driver's containers (DEPLOY=helm).
 func (c *cluster) driverLog(t *testing.T, match map[string]string) []map[string]any {
 	t.Helper()
-	f, err := os.Open(filepath.Join(c.dir, "logs", "spindle.log"))
-	if err != nil {
-		t.Fatal(err)
+	var lines []string
+	if data, err := os.ReadFile(filepath.Join(c.dir, "logs", "spindle.log")); err == nil {
+		lines = strings.Split(string(data), "\n")
 	}
-	defer f.Close()
+	containerLogs, _ := filepath.Glob(filepath.Join(c.dir, "podlogs", "*", "spindle", "*.log"))
+	for _, path := range containerLogs {
+		lines = append(lines, containerLogLines(t, path)...)
+	}
+	if len(lines) == 0 {
+		t.Fatalf("no driver log in %s", c.dir)
+	}
 	var out []map[string]any
-	dec := json.NewDecoder(f)
-	for {
+	for _, line := range lines {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
 		var e map[string]any
-		if err := dec.Decode(&e); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatalf("driver log: %v", err)
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("driver log line %q: %v", line, err)
 		}
 		ok := true
 		for k, v := range match {
@@ -414,6 +435,34 @@ func (c *cluster) driverLog(t *testing.T, match map[string]string) []map[string]
 		}
 		if ok {
 			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// containerLogLines reads a CRI container log ("<time> <stream> <P|F>
+// <text>" per line, P marking a line continued in the next entry) back
+// into the lines the container wrote.
+func containerLogLines(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []string
+	var partial strings.Builder
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		fields := strings.SplitN(s.Text(), " ", 4)
+		if len(fields) < 4 {
+			continue
+		}
+		partial.WriteString(fields[3])
+		if fields[2] == "F" {
+			out = append(out, partial.String())
+			partial.Reset()
 		}
 	}
 	return out

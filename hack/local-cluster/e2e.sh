@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# `make e2e`: builds the cluster's binaries (cached) and the driver, brings
-# the local cluster up, runs the Kubernetes e2e tests (e2e/kubernetes)
+# `make e2e`: builds the cluster's binaries (cached) and the driver, then for
+# each deployment in DEPLOYS (default "process helm": the driver and
+# sidecars as host processes, then installed by `helm install charts/spindle`)
+# brings the local cluster up, runs the Kubernetes e2e tests (e2e/kubernetes)
 # against it, and always brings it down. Prints each phase's time and a
-# closing line "N passed, M failed"; exits non-zero if any test failed or
-# the cluster could not start.
+# closing line "N passed, M failed"; exits non-zero if any test failed or a
+# cluster could not start. A failed run's logs stay in
+# $CLUSTER_DIR.failed-<deploy> until the next run.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/local-cluster/env.sh
@@ -19,37 +22,47 @@ make --no-print-directory build >/dev/null || { echo "0 passed, 1 failed"; exit 
 phase build $((SECONDS - t))
 
 "$HERE/down.sh" >/dev/null 2>&1 # a cluster a killed run left behind
-trap '"$HERE/down.sh"' EXIT
-t=$SECONDS
-if ! "$HERE/up.sh"; then
-  echo "e2e: the cluster did not come up; last lines of its logs:"
-  tail -n 5 "$LOGS"/*.log 2>/dev/null
-  echo "0 passed, 1 failed"
-  KEEP=1 "$HERE/down.sh" >/dev/null
-  trap - EXIT
-  exit 1
-fi
-phase up $((SECONDS - t))
+rm -rf "$CLUSTER_DIR".failed-*
+trap '"$HERE/down.sh" >/dev/null' EXIT
+total_passed=0 total_failed=0
+# DEPLOYS: the driver as host processes, then installed by charts/spindle.
+for deploy in ${DEPLOYS:-process helm}; do
+  t=$SECONDS
+  if ! DEPLOY=$deploy "$HERE/up.sh"; then
+    echo "e2e[$deploy]: the cluster did not come up; last lines of its logs:"
+    tail -n 5 "$LOGS"/*.log 2>/dev/null
+    "$HERE/down.sh" >/dev/null
+    total_failed=$((total_failed + 1))
+    continue
+  fi
+  phase "up ($deploy)" $((SECONDS - t))
 
-t=$SECONDS
-out=$(mktemp)
-SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE \
-  go test -count=1 -v -timeout 30m ./e2e/kubernetes/ 2>&1 | tee "$out"
-phase tests $((SECONDS - t))
-passed=$(grep -c '^--- PASS' "$out")
-failed=$(grep -c '^--- FAIL' "$out")
-skipped=$(grep -c '^--- SKIP' "$out")
-if ! grep -q '^\(ok\|FAIL\)' "$out" || [ "$skipped" -gt 0 ]; then
-  # The package did not build, panicked, or skipped: count it as a failure.
-  failed=$((failed + skipped + (passed + failed == 0 ? 1 : 0)))
-fi
-rm -f "$out"
-if [ "$failed" -gt 0 ]; then
-  echo "e2e: the cluster's logs are in $LOGS until it is brought down"
-fi
-t=$SECONDS
-"$HERE/down.sh"
+  t=$SECONDS
+  out=$(mktemp)
+  SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE \
+    go test -count=1 -v -timeout 30m ./e2e/kubernetes/ 2>&1 | tee "$out"
+  phase "tests ($deploy)" $((SECONDS - t))
+  passed=$(grep -c '^--- PASS' "$out")
+  failed=$(grep -c '^--- FAIL' "$out")
+  skipped=$(grep -c '^--- SKIP' "$out")
+  if ! grep -q '^\(ok\|FAIL\)' "$out" || [ "$skipped" -gt 0 ] || [ $((passed + failed)) -eq 0 ]; then
+    # The package did not build, panicked, or skipped: that is a failure.
+    failed=$((failed + skipped + 1))
+  fi
+  rm -f "$out"
+  echo "e2e[$deploy]: $passed passed, $failed failed"
+  total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed))
+
+  t=$SECONDS
+  if [ "$failed" -gt 0 ]; then
+    KEEP=1 "$HERE/down.sh"
+    echo "e2e[$deploy]: the cluster's logs are kept in $LOGS and $CLUSTER_DIR/podlogs"
+    mv "$CLUSTER_DIR" "$CLUSTER_DIR.failed-$deploy" 2>/dev/null || true
+  else
+    "$HERE/down.sh"
+  fi
+  phase "down ($deploy)" $((SECONDS - t))
+done
 trap - EXIT
-phase down $((SECONDS - t))
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+echo "$total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]

@@ -7,6 +7,9 @@
 # snapshot-controller. Everything listens on 127.0.0.1 or unix sockets under
 # $CLUSTER_DIR. Needs hack/local-cluster/build.sh and `make build` first.
 #
+# DEPLOY=process (default) runs the driver and the sidecars as processes on
+# the host; DEPLOY=helm installs them with charts/spindle instead.
+#
 # This machine's quirks, and what they cost here:
 # - kubelet 1.36 refuses cgroup v1 unless failCgroupV1: false (cgroupfs driver);
 # - runc cannot set oom_score_adj without CAP_SYS_RESOURCE, so containerd
@@ -17,6 +20,8 @@ set -euo pipefail
 # shellcheck source=hack/local-cluster/env.sh
 . "$(dirname "$0")/env.sh"
 SPINDLE=${SPINDLE:-$REPO/bin/spindle}
+DEPLOY=${DEPLOY:-process}
+case $DEPLOY in process | helm) ;; *) echo "up: DEPLOY=$DEPLOY: want process or helm" >&2; exit 2 ;; esac
 for b in etcd kube-apiserver kubelet kubectl csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller; do
   [ -x "$BIN/$b" ] || { echo "up: $BIN/$b is missing; run hack/local-cluster/build.sh" >&2; exit 1; }
 done
@@ -157,8 +162,34 @@ start kubelet "$BIN/kubelet" --config "$CLUSTER_DIR/kubelet-config.yaml" --kubec
 node_ready() { [ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for "node $NODE Ready" 120 node_ready
 
-# --- Spindle: the CSIDriver object first, so the first attach already
-# goes through a VolumeAttachment.
+# kubelet's directory is a shared mount, as on a real node, so that a node
+# plugin in a pod (DEPLOY=helm) can propagate its mounts back with
+# Bidirectional propagation; this machine's / is private.
+if ! findmnt -n "$KUBELET_DIR" >/dev/null; then
+  mount --bind "$KUBELET_DIR" "$KUBELET_DIR"
+fi
+mount --make-rshared "$KUBELET_DIR"
+
+kubectl apply -f "$CACHE/crds" >/dev/null
+kubectl wait --for condition=established --timeout=60s crd/volumesnapshots.snapshot.storage.k8s.io >/dev/null
+registered() { [ "$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="'"$DRIVER_NAME"'")].nodeID}')" = "$NODE" ]; }
+
+if [ "$DEPLOY" = helm ]; then
+  # --- Spindle from its Helm chart: driver and sidecars in pods, under the
+  # chart's ServiceAccounts and RBAC, images assembled here.
+  IMAGES_DIR=$CLUSTER_DIR/images/chart "$REPO/hack/images.sh" all >/dev/null
+  for img in "$CLUSTER_DIR"/images/chart/*.tar; do ctr -n k8s.io images import "$img" >/dev/null; done
+  "$("$REPO/hack/helm.sh")" install spindle "$REPO/charts/spindle" --namespace kube-system \
+    -f "$REPO/charts/spindle/examples/local-cluster.yaml" \
+    --set kubeletDir="$KUBELET_DIR" --set "config.backends[0].loop.poolDir=$POOL_DIR" \
+    --wait --timeout 3m >/dev/null
+  wait_for "kubelet to register $DRIVER_NAME (CSINode $NODE)" 90 registered
+  echo "up: cluster ready in $((SECONDS - start))s with Spindle from charts/spindle; export KUBECONFIG=$KUBECONFIG"
+  exit 0
+fi
+
+# --- Spindle as host processes: the CSIDriver object first, so the first
+# attach already goes through a VolumeAttachment.
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: storage.k8s.io/v1
 kind: CSIDriver
@@ -172,8 +203,6 @@ YAML
 start spindle "$SPINDLE" --mode all --node-id "$NODE" --driver-name "$DRIVER_NAME" --endpoint "unix://$CSI_SOCKET" \
   --loop-pool-dir "$POOL_DIR" --plugin-registration-dir "$KUBELET_DIR/plugins_registry" --log-format json
 wait_for "the Spindle socket" 30 test -S "$CSI_SOCKET"
-kubectl apply -f "$CACHE/crds" >/dev/null
-kubectl wait --for condition=established --timeout=60s crd/volumesnapshots.snapshot.storage.k8s.io >/dev/null
 sidecar=(--csi-address "$CSI_SOCKET" --kubeconfig "$KUBECONFIG")
 start csi-provisioner "$BIN/csi-provisioner" "${sidecar[@]}" --extra-create-metadata --timeout 60s
 start csi-attacher "$BIN/csi-attacher" "${sidecar[@]}" --timeout 60s
@@ -203,6 +232,5 @@ metadata: {name: spindle}
 driver: $DRIVER_NAME
 deletionPolicy: Delete
 YAML
-registered() { [ "$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="'"$DRIVER_NAME"'")].nodeID}')" = "$NODE" ]; }
 wait_for "kubelet to register $DRIVER_NAME (CSINode $NODE)" 60 registered
 echo "up: cluster ready in $((SECONDS - start))s; export KUBECONFIG=$KUBECONFIG"

@@ -201,6 +201,8 @@ func TestControllerPublishVolume(t *testing.T) {
 		t.Fatalf("attachments = %+v, want node-a SINGLE_NODE_WRITER read-write", img.Attachments)
 	}
 
+	free := e.mustCreate(t, createReq("pvc-pub-free"))
+
 	tests := []struct {
 		name string
 		req  *csi.ControllerPublishVolumeRequest
@@ -210,7 +212,9 @@ func TestControllerPublishVolume(t *testing.T) {
 		{"second node", &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-b", VolumeCapability: c}, codes.FailedPrecondition, []string{`node "node-a"`}},
 		{"same node read-only", &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: c, Readonly: true}, codes.AlreadyExists, []string{`node "node-a"`}},
 		{"same node other mode", &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: mountCap("ext4", snmw)}, codes.AlreadyExists, []string{"SINGLE_NODE_MULTI_WRITER"}},
-		{"unknown node", &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-z", VolumeCapability: c}, codes.NotFound, []string{`"node-z"`, "has not registered"}},
+		{"unknown node", &csi.ControllerPublishVolumeRequest{VolumeId: free, NodeId: "node-z", VolumeCapability: c}, codes.NotFound, []string{`"node-z"`, "has not registered"}},
+		// The holder is the news for a volume another node has.
+		{"unknown node, volume held", &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-z", VolumeCapability: c}, codes.FailedPrecondition, []string{`node "node-a"`}},
 		{"unknown volume", &csi.ControllerPublishVolumeRequest{VolumeId: "loop/default/pvc-missing", NodeId: "node-a", VolumeCapability: c}, codes.NotFound, []string{"pvc-missing"}},
 		{"unconfigured instance", &csi.ControllerPublishVolumeRequest{VolumeId: "loop/other/pvc-pub", NodeId: "node-a", VolumeCapability: c}, codes.FailedPrecondition, []string{"loop/other", "not configured"}},
 		{"block on a mount volume", &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-b", VolumeCapability: blockCap(snw)}, codes.InvalidArgument, []string{"volume_capability", "mount access, not block"}},
