@@ -28,6 +28,7 @@ all: build
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/spindle ./cmd/spindle
+	$(GO) build -trimpath -o $(BIN)/kubectl-spindle ./cmd/kubectl-spindle
 
 deps:
 	hack/install-deps.sh

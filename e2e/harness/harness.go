@@ -39,6 +39,13 @@ type Driver struct {
 	Conn    *grpc.ClientConn
 	// Process is the driver's process when it runs as a child (StartProcess).
 	Process *os.Process
+	// MetricsURL is "http://host:port" of the operators' endpoints
+	// (/metrics, /healthz, /volumes, /images) when Options.Metrics is set.
+	MetricsURL string
+	// KubeletDir is the driver's --kubelet-dir (in-process drivers): a
+	// volume staged below KubeletDir/plugins/kubernetes.io/csi is in the
+	// node's inventory, as one kubelet staged is.
+	KubeletDir string
 
 	Identity   csi.IdentityClient
 	Controller csi.ControllerClient
@@ -62,6 +69,9 @@ type Options struct {
 	Config string
 	// Logger defaults to the test's log.
 	Logger *zap.Logger
+	// Metrics serves the operators' endpoints on a free loopback port
+	// (Driver.MetricsURL).
+	Metrics bool
 }
 
 // Start runs a driver in this process (mode all) on a temporary socket and
@@ -87,6 +97,10 @@ func Start(t testing.TB, o Options) *Driver {
 		MaxVolumesPerNode: o.MaxVolumesPerNode,
 		LogFormat:         "json",
 		LogLevel:          "info",
+		KubeletDir:        filepath.Join(dir, "kubelet"),
+	}
+	if o.Metrics {
+		opts.MetricsAddress = "127.0.0.1:0"
 	}
 	cfg := o.Config
 	if cfg == "" && o.NodeLocal {
@@ -116,6 +130,11 @@ func Start(t testing.TB, o Options) *Driver {
 		t.Fatal(err)
 	}
 	drv.PoolDir = o.PoolDir
+	drv.KubeletDir = opts.KubeletDir
+	if o.Metrics {
+		// Run opens the metrics listener before the socket Connect waited for.
+		drv.MetricsURL = "http://" + d.MetricsAddress()
+	}
 	t.Cleanup(func() { drv.Conn.Close() })
 	CheckNoLeaks(t, o.PoolDir, dir)
 	return drv

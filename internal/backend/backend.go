@@ -278,6 +278,23 @@ type Attacher interface {
 	Probe(ctx context.Context) error
 }
 
+// DeviceLister is implemented by attachers that can list every device they
+// hold on this node, whatever staged it: the node's inventory (the
+// /volumes endpoint, the attached-volumes gauge) and the operators' check
+// for devices that no VolumeAttachment explains rely on it.
+type DeviceLister interface {
+	AttachedDevices(ctx context.Context) ([]AttachedDevice, error)
+}
+
+// AttachedDevice is one device an attacher holds on this node.
+type AttachedDevice struct {
+	ImageID string
+	Device
+	// ImageDeleted: the device is bound to an image that no longer exists
+	// (a loop device on an unlinked file).
+	ImageDeleted bool
+}
+
 // Instance is one configured backend instance, e.g. "loop/default".
 type Instance struct {
 	Type     string // "loop", "iscsi", "rbd"

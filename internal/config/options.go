@@ -6,9 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -30,6 +32,7 @@ const (
 	DefaultDriverName  = "spindle.csi.dev"
 	DefaultEndpoint    = "unix:///run/spindle/csi.sock"
 	DefaultLoopPoolDir = "/var/lib/spindle/pools/default"
+	DefaultKubeletDir  = "/var/lib/kubelet"
 )
 
 // Options are the driver's command-line options.
@@ -51,6 +54,13 @@ type Options struct {
 	// (it differs from --endpoint when the plugin runs in a container);
 	// the endpoint's path when empty.
 	KubeletRegistrationPath string
+	// MetricsAddress is host:port for the operators' HTTP endpoints
+	// (/metrics, /healthz, /volumes, /images); empty serves none.
+	MetricsAddress string
+	// KubeletDir is kubelet's --root-dir as the node plugin sees it; the
+	// node's inventory (/volumes, the staged gauge) finds the stage
+	// records below its plugins/kubernetes.io/csi.
+	KubeletDir string
 }
 
 // AddFlags registers the options on fs, with their defaults.
@@ -70,6 +80,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.LogFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.PluginRegistrationDir, "plugin-registration-dir", "", "kubelet's plugin registration directory (e.g. /var/lib/kubelet/plugins_registry); when set, the node plugin registers itself with kubelet instead of relying on node-driver-registrar")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "host:port to serve /metrics, /healthz, /volumes (node) and /images (controller) on, e.g. 127.0.0.1:9808; empty serves nothing")
+	fs.StringVar(&o.KubeletDir, "kubelet-dir", DefaultKubeletDir, "kubelet's root directory as this process sees it; the node plugin finds its stage records below <kubelet-dir>/plugins/kubernetes.io/csi")
 	fs.StringVar(&o.KubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket's path as kubelet sees it, announced at registration (default: the --endpoint path)")
 }
 
@@ -131,6 +143,14 @@ func (o *Options) Validate() error {
 	if o.KubeletRegistrationPath != "" && !filepath.IsAbs(o.KubeletRegistrationPath) {
 		errs = append(errs, fmt.Errorf("--kubelet-registration-path=%q: must be an absolute path", o.KubeletRegistrationPath))
 	}
+	if o.MetricsAddress != "" {
+		if err := validateListenAddress(o.MetricsAddress); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-address=%q: %w", o.MetricsAddress, err))
+		}
+	}
+	if o.Mode.Node() && o.KubeletDir != "" && !filepath.IsAbs(o.KubeletDir) {
+		errs = append(errs, fmt.Errorf("--kubelet-dir=%q: must be an absolute path", o.KubeletDir))
+	}
 	switch o.LogFormat {
 	case "json", "console":
 	default:
@@ -142,6 +162,32 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--log-level=%q: must be debug, info, warn or error", o.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// StageRecordsRoot is where the node plugin looks for its stage records:
+// kubelet's CSI plugin directory, which holds every staging path.
+func (o *Options) StageRecordsRoot() string {
+	if o.KubeletDir == "" {
+		return ""
+	}
+	return filepath.Join(o.KubeletDir, "plugins", "kubernetes.io", "csi")
+}
+
+// validateListenAddress checks a TCP listen address: host:port, the host
+// may be empty (all addresses), the port a number (0 picks a free one).
+func validateListenAddress(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("must be host:port: %w", err)
+	}
+	if strings.ContainsAny(host, "/ ") {
+		return fmt.Errorf("host %q is not a host name or IP address", host)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q must be a number from 0 to 65535", port)
+	}
+	return nil
 }
 
 // SocketPath turns an endpoint (unix:///path, unix:path or a bare absolute

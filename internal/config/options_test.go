@@ -51,6 +51,14 @@ func TestOptionsValidate(t *testing.T) {
 		}, want: []string{"--plugin-registration-dir", "--mode=controller"}},
 		{name: "relative registration dir", change: func(o *Options) { o.PluginRegistrationDir = "plugins_registry" }, want: []string{`--plugin-registration-dir="plugins_registry"`, "absolute"}},
 		{name: "relative kubelet registration path", change: func(o *Options) { o.KubeletRegistrationPath = "csi.sock" }, want: []string{`--kubelet-registration-path="csi.sock"`, "absolute"}},
+		{name: "metrics on loopback", change: func(o *Options) { o.MetricsAddress = "127.0.0.1:9808" }},
+		{name: "metrics on every address", change: func(o *Options) { o.MetricsAddress = ":9808" }},
+		{name: "metrics on a free port", change: func(o *Options) { o.MetricsAddress = "[::1]:0" }},
+		{name: "metrics address without a port", change: func(o *Options) { o.MetricsAddress = "127.0.0.1" }, want: []string{`--metrics-address="127.0.0.1"`, "host:port"}},
+		{name: "metrics port not a number", change: func(o *Options) { o.MetricsAddress = "localhost:http" }, want: []string{"--metrics-address", "port"}},
+		{name: "metrics port too large", change: func(o *Options) { o.MetricsAddress = "localhost:65536" }, want: []string{"--metrics-address", "0 to 65535"}},
+		{name: "relative kubelet dir", change: func(o *Options) { o.KubeletDir = "var/lib/kubelet" }, want: []string{`--kubelet-dir="var/lib/kubelet"`, "absolute"}},
+		{name: "controller ignores the kubelet dir", change: func(o *Options) { o.Mode, o.KubeletDir = ModeController, "rel" }},
 		{name: "bad log format", change: func(o *Options) { o.LogFormat = "text" }, want: []string{`--log-format="text"`}},
 		{name: "bad log level", change: func(o *Options) { o.LogLevel = "verbose" }, want: []string{`--log-level="verbose"`}},
 	}
@@ -108,7 +116,8 @@ func TestAddFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.Endpoint != DefaultEndpoint || o.Mode != ModeAll || o.DriverName != DefaultDriverName || o.LoopPoolDir != DefaultLoopPoolDir ||
-		o.LogFormat != "json" || o.LogLevel != "info" || o.MaxVolumesPerNode != 0 || o.ConfigFile != "" {
+		o.LogFormat != "json" || o.LogLevel != "info" || o.MaxVolumesPerNode != 0 || o.ConfigFile != "" ||
+		o.MetricsAddress != "" || o.KubeletDir != DefaultKubeletDir {
 		t.Errorf("defaults = %+v", o)
 	}
 
@@ -117,14 +126,26 @@ func TestAddFlags(t *testing.T) {
 	o = Options{}
 	o.AddFlags(fs)
 	args := []string{"--endpoint=unix:/csi/csi.sock", "--mode=node", "--node-id=n1", "--driver-name=x.example.com",
-		"--config=/etc/spindle.yaml", "--loop-pool-dir=/pools", "--max-volumes-per-node=16", "--log-format=console", "--log-level=debug"}
+		"--config=/etc/spindle.yaml", "--loop-pool-dir=/pools", "--max-volumes-per-node=16", "--log-format=console", "--log-level=debug",
+		"--metrics-address=127.0.0.1:9808", "--kubelet-dir=/srv/kubelet"}
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
 	want := Options{Endpoint: "unix:/csi/csi.sock", Mode: ModeNode, NodeID: "n1", DriverName: "x.example.com", ConfigFile: "/etc/spindle.yaml",
-		LoopPoolDir: "/pools", MaxVolumesPerNode: 16, LogFormat: "console", LogLevel: "debug"}
+		LoopPoolDir: "/pools", MaxVolumesPerNode: 16, LogFormat: "console", LogLevel: "debug",
+		MetricsAddress: "127.0.0.1:9808", KubeletDir: "/srv/kubelet"}
 	if o != want {
 		t.Errorf("parsed %+v\nwant   %+v", o, want)
+	}
+}
+
+func TestStageRecordsRoot(t *testing.T) {
+	o := Options{KubeletDir: "/var/tmp/cluster/kubelet"}
+	if got, want := o.StageRecordsRoot(), "/var/tmp/cluster/kubelet/plugins/kubernetes.io/csi"; got != want {
+		t.Errorf("StageRecordsRoot() = %q, want %q", got, want)
+	}
+	if got := (&Options{}).StageRecordsRoot(); got != "" {
+		t.Errorf("without a kubelet dir StageRecordsRoot() = %q, want none", got)
 	}
 }
 

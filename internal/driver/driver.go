@@ -27,6 +27,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/metrics"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
@@ -40,6 +41,12 @@ type Driver struct {
 	data            *node.DataPath
 	locks           *operationLocks
 	log             *zap.Logger
+	metrics         *metrics.Metrics
+
+	// opsAddr is the address the operators' HTTP endpoints listen on,
+	// once Run has opened it (--metrics-address may ask for port 0).
+	opsAddrMu sync.Mutex
+	opsAddr   string
 }
 
 // New builds a driver from validated options: it loads the backend config
@@ -55,9 +62,15 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 			return nil, err
 		}
 	}
+	// The command observer records into the driver's metrics; no command
+	// runs before the driver below is built.
+	var d *Driver
 	run := command.New(utilexec.New(), func(o command.Observation) {
 		if ce := log.Check(zap.DebugLevel, "command"); ce != nil {
 			ce.Write(zap.String("name", o.Name), zap.Strings("args", o.Args), zap.Duration("duration", o.Duration), zap.Int("exitCode", o.ExitCode))
+		}
+		if d != nil {
+			d.metrics.ObserveCommand(o.Name, o.ExitCode, o.Duration)
 		}
 	})
 	instances := map[string]*backend.Instance{}
@@ -88,7 +101,8 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		}
 		instances[inst.Key()] = inst
 	}
-	return newDriver(opts, version, instances, file.Default(), node.New(run), log), nil
+	d = newDriver(opts, version, instances, file.Default(), node.New(run), log)
+	return d, nil
 }
 
 // newDriver assembles a driver from backend instances and a node data path
@@ -98,7 +112,7 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 	if version == "" {
 		version = "unknown"
 	}
-	return &Driver{
+	d := &Driver{
 		opts:            opts,
 		version:         version,
 		instances:       instances,
@@ -106,7 +120,13 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 		data:            data,
 		locks:           newOperationLocks(),
 		log:             log,
+		metrics:         metrics.New(),
 	}
+	data.ObserveFormats(d.metrics.ObserveFormat)
+	if opts.Mode.Node() {
+		d.metrics.SetVolumeState(d.volumeCounts)
+	}
+	return d
 }
 
 // instanceFor returns the backend instance serving id.
@@ -141,6 +161,15 @@ func (d *Driver) Run(ctx context.Context) error {
 		if err := d.registerNode(ctx); err != nil {
 			return err
 		}
+	}
+	// The operators' endpoints come up before the CSI socket, so whoever
+	// sees the socket can also read MetricsAddress.
+	if d.opts.MetricsAddress != "" {
+		stopOps, err := d.serveOps(d.opts.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-address: %w", err)
+		}
+		defer stopOps()
 	}
 	lis, err := listenUnix(socket)
 	if err != nil {

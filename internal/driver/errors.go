@@ -51,3 +51,36 @@ func toStatus(err error) error {
 	}
 	return status.Error(codeOf(err), err.Error())
 }
+
+// reasonOf names the kind of error behind a gRPC code, for the errors
+// metric: the errdefs kind that maps to the code (codeOf), in snake case,
+// so a dashboard reads "precondition" or "busy" rather than a code number.
+func reasonOf(code codes.Code) string {
+	switch code {
+	case codes.OK:
+		return ""
+	case codes.InvalidArgument:
+		return "invalid_argument"
+	case codes.NotFound:
+		return "not_found"
+	case codes.AlreadyExists:
+		return "already_exists"
+	case codes.OutOfRange:
+		return "out_of_range"
+	case codes.ResourceExhausted:
+		return "exhausted"
+	case codes.FailedPrecondition:
+		return "precondition"
+	case codes.Aborted:
+		return "busy"
+	case codes.Unavailable:
+		return "unavailable"
+	case codes.DeadlineExceeded:
+		return "deadline_exceeded"
+	case codes.Canceled:
+		return "canceled"
+	case codes.Unimplemented:
+		return "unimplemented"
+	}
+	return "internal"
+}

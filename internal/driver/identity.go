@@ -42,20 +42,29 @@ func (s *identityService) GetPluginCapabilities(context.Context, *csi.GetPluginC
 // Probe answers ready only when every backend instance this process serves
 // is reachable: its store on a controller, its attacher on a node.
 func (s *identityService) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	for _, key := range s.d.instanceKeys() {
-		inst := s.d.instances[key]
+	if err := s.d.probe(ctx); err != nil {
+		return nil, err
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}
+
+// probe checks every backend instance this process serves; /healthz asks
+// the same question as Probe.
+func (d *Driver) probe(ctx context.Context) error {
+	for _, key := range d.instanceKeys() {
+		inst := d.instances[key]
 		// FAILED_PRECONDITION is the spec's answer for a dependency that is
 		// missing; the message says which backend and why.
-		if s.d.opts.Mode.Controller() {
+		if d.opts.Mode.Controller() {
 			if err := inst.Store.Probe(ctx); err != nil {
-				return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "backend %s is not reachable from the controller", key)
+				return errdefs.Wrap(errdefs.ErrPrecondition, err, "backend %s is not reachable from the controller", key)
 			}
 		}
-		if s.d.opts.Mode.Node() {
+		if d.opts.Mode.Node() {
 			if err := inst.Attacher.Probe(ctx); err != nil {
-				return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "backend %s is not usable on node %s", key, s.d.opts.NodeID)
+				return errdefs.Wrap(errdefs.ErrPrecondition, err, "backend %s is not usable on node %s", key, d.opts.NodeID)
 			}
 		}
 	}
-	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+	return nil
 }

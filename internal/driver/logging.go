@@ -36,7 +36,9 @@ func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServe
 			d.log.Error("panic in RPC handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			resp, err = nil, status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, r)
 		}
-		d.logRPC(info.FullMethod, req, resp, time.Since(start), err)
+		elapsed := time.Since(start)
+		d.logRPC(info.FullMethod, req, resp, elapsed, err)
+		d.observeRPC(info.FullMethod, elapsed, err)
 	}()
 	// Secrets reach the backend in the context (backend.SecretsFrom), the
 	// same way for every RPC that carries them.
@@ -45,6 +47,18 @@ func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServe
 	}
 	resp, err = handler(ctx, req)
 	return resp, toStatus(err)
+}
+
+// observeRPC records the RPC's latency by method and code, and a failed
+// one's reason. err is the status the caller gets.
+func (d *Driver) observeRPC(fullMethod string, elapsed time.Duration, err error) {
+	method := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
+	code := status.Code(err)
+	reason := ""
+	if err != nil {
+		reason = reasonOf(code)
+	}
+	d.metrics.ObserveRPC(method, code.String(), reason, elapsed)
 }
 
 func (d *Driver) logRPC(fullMethod string, req, resp any, elapsed time.Duration, err error) {

@@ -142,7 +142,11 @@ func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (for
 	// on the volume lock (ABORTED) until this one has finished.
 	mkfsCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mkfsTimeout)
 	defer cancel()
-	if _, err := d.run.Exec(mkfsCtx, command.Cmd{Name: fs.mkfs, Args: args}); err != nil {
+	_, err = d.run.Exec(mkfsCtx, command.Cmd{Name: fs.mkfs, Args: args})
+	if d.formatObserver != nil {
+		d.formatObserver(fs.Name, err)
+	}
+	if err != nil {
 		return false, fmt.Errorf("create %s filesystem on %s: %w", fs.Name, req.Device, err)
 	}
 	return true, nil

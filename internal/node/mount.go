@@ -32,7 +32,13 @@ type DataPath struct {
 	// programsHaveCapability tells whether the programs the data path runs
 	// get a capability; tests replace it.
 	programsHaveCapability func(capBit uint) (bool, error)
+	// formatObserver hears of every mkfs run (metrics); nil means nobody.
+	formatObserver func(fsType string, err error)
 }
+
+// ObserveFormats has fn called after every mkfs run with the filesystem
+// type and the run's error. Call it before the data path is used.
+func (d *DataPath) ObserveFormats(fn func(fsType string, err error)) { d.formatObserver = fn }
 
 // New returns a DataPath running its commands through run.
 func New(run *command.Runner) *DataPath {

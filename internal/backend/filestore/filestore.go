@@ -166,6 +166,19 @@ func (s *Store) Dir() string { return s.dir }
 // ImagePath is where the image file of id lives.
 func (s *Store) ImagePath(id string) string { return filepath.Join(s.dir, id+imageSuffix) }
 
+// ImageIDOf is the inverse of ImagePath: the image ID whose file is path,
+// and false for any path that is not an image file of this pool.
+func (s *Store) ImageIDOf(path string) (string, bool) {
+	if filepath.Dir(path) != s.dir {
+		return "", false
+	}
+	id, ok := strings.CutSuffix(filepath.Base(path), imageSuffix)
+	if !ok || validID(id) != nil {
+		return "", false
+	}
+	return id, true
+}
+
 func (s *Store) metaPath(id string) string { return filepath.Join(s.dir, id+metaSuffix) }
 
 var plainNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)

@@ -374,6 +374,26 @@ func (a *Attacher) Devices(ctx context.Context, imageID string) ([]backend.Devic
 	return out, nil
 }
 
+var _ backend.DeviceLister = (*Attacher)(nil)
+
+// AttachedDevices implements backend.DeviceLister: every loop device bound
+// to an image file of this pool, sorted by device.
+func (a *Attacher) AttachedDevices(ctx context.Context) ([]backend.AttachedDevice, error) {
+	devs, err := a.loops.BoundUnder(ctx, a.store.Dir())
+	if err != nil {
+		return nil, err
+	}
+	var out []backend.AttachedDevice
+	for _, d := range devs {
+		id, ok := a.store.ImageIDOf(d.BackingFile)
+		if !ok {
+			continue // a snapshot or a temporary file, not a volume's image
+		}
+		out = append(out, backend.AttachedDevice{ImageID: id, Device: backend.Device{Path: d.Path, ReadOnly: d.ReadOnly}, ImageDeleted: d.Deleted})
+	}
+	return out, nil
+}
+
 // Identify implements backend.Attacher: the device's backing file, read from
 // sysfs, must be the image (not an unlinked file of its name).
 func (a *Attacher) Identify(ctx context.Context, imageID, devicePath string) (*backend.Device, error) {

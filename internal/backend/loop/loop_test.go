@@ -820,3 +820,49 @@ func sharedPoolInstances(t *testing.T) [2]*backend.Instance {
 	}
 	return insts
 }
+
+// AttachedDevices lists every device bound to an image of the pool, with
+// its image, including one whose image was deleted under it, and nothing
+// bound to a file elsewhere.
+func TestAttachedDevicesListsThePoolsDevices(t *testing.T) {
+	bothDrivers(t, func(t *testing.T, e *env) {
+		kept, pc := e.published(t, "pvc-kept", backend.SingleNodeWriter, false)
+		keptDev := e.attach(t, backend.AttachRequest{ImageID: kept.ID, NodeID: "n1", PublishContext: pc})
+		gone, pc2 := e.published(t, "pvc-gone", backend.SingleNodeWriter, false)
+		goneDev := e.attach(t, backend.AttachRequest{ImageID: gone.ID, NodeID: "n1", PublishContext: pc2, ReadOnly: true})
+		if err := e.inst.Exporter.Unpublish(t.Context(), gone.ID, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.inst.Store.Delete(t.Context(), gone.ID); err != nil {
+			t.Fatal(err)
+		}
+		e.imageUnlinked(gone.ID)
+		if e.fake != nil {
+			// Some other user's loop device, outside the pool.
+			if _, err := e.fake.Attach(t.Context(), filepath.Join(t.TempDir(), "other.img"), false, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		got, err := e.inst.Attacher.(backend.DeviceLister).AttachedDevices(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]backend.AttachedDevice{
+			keptDev.Path: {ImageID: kept.ID, Device: backend.Device{Path: keptDev.Path}},
+			goneDev.Path: {ImageID: gone.ID, Device: backend.Device{Path: goneDev.Path, ReadOnly: true}, ImageDeleted: true},
+		}
+		if len(got) != len(want) {
+			t.Fatalf("AttachedDevices = %+v, want %+v", got, want)
+		}
+		for _, d := range got {
+			if w, ok := want[d.Path]; !ok || d != w {
+				t.Errorf("AttachedDevices has %+v, want %+v", d, w)
+			}
+		}
+		// The deleted image's device goes with the Detach of its image ID.
+		if err := e.inst.Attacher.Detach(t.Context(), gone.ID, goneDev.Path); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

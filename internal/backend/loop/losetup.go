@@ -39,6 +39,9 @@ type loopDevices interface {
 	// BoundTo returns the devices bound to file, including those bound to
 	// an unlinked file of that path (Deleted).
 	BoundTo(ctx context.Context, file string) ([]LoopDevice, error)
+	// BoundUnder returns the devices bound to files directly in dir
+	// (unlinked ones included), for the node's inventory of its devices.
+	BoundUnder(ctx context.Context, dir string) ([]LoopDevice, error)
 	// Get returns the device at dev, or ErrNotFound when it is not bound.
 	Get(ctx context.Context, dev string) (*LoopDevice, error)
 	// InUse reports whether dev is held by a mount or another exclusive user.
@@ -111,6 +114,18 @@ func (l *losetup) Detach(ctx context.Context, dev string) error {
 // each time), and the other attributes only for the devices that match. A
 // node with hundreds of staged volumes pays about a millisecond.
 func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) {
+	return l.scan(func(path string) bool { return path == file })
+}
+
+// BoundUnder implements loopDevices with the same scan as BoundTo.
+func (l *losetup) BoundUnder(_ context.Context, dir string) ([]LoopDevice, error) {
+	dir = filepath.Clean(dir)
+	return l.scan(func(path string) bool { return filepath.Dir(path) == dir })
+}
+
+// scan returns the bound devices whose backing file (without the
+// " (deleted)" mark) satisfies match.
+func (l *losetup) scan(match func(backingFile string) bool) ([]LoopDevice, error) {
 	blockDir := filepath.Join(l.sysRoot, "block")
 	dirfd, err := unix.Open(blockDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -135,7 +150,7 @@ func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) 
 		if !bound {
 			continue
 		}
-		if path, _ := strings.CutSuffix(backing, " (deleted)"); path != file {
+		if path, _ := strings.CutSuffix(backing, " (deleted)"); !match(path) {
 			continue
 		}
 		d, err := l.device(name)

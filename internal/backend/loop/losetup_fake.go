@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 
@@ -127,6 +128,19 @@ func (f *FakeLoopDevices) BoundTo(_ context.Context, file string) ([]LoopDevice,
 	var out []LoopDevice
 	for _, d := range f.Devices {
 		if d.BackingFile == file {
+			out = append(out, *d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+func (f *FakeLoopDevices) BoundUnder(_ context.Context, dir string) ([]LoopDevice, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []LoopDevice
+	for _, d := range f.Devices {
+		if filepath.Dir(d.BackingFile) == filepath.Clean(dir) {
 			out = append(out, *d)
 		}
 	}

@@ -1,0 +1,285 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/metrics"
+	"github.com/spindle-csi/spindle/internal/node"
+	"github.com/spindle-csi/spindle/internal/opsapi"
+	"github.com/spindle-csi/spindle/internal/volumeid"
+)
+
+// opsTimeout bounds one request to the operators' endpoints: a probe or an
+// inventory that hangs on a dead backend answers with an error instead.
+const opsTimeout = 10 * time.Second
+
+// MetricsAddress is the address the operators' endpoints listen on ("" until
+// Run has opened it, or when --metrics-address is empty).
+func (d *Driver) MetricsAddress() string {
+	d.opsAddrMu.Lock()
+	defer d.opsAddrMu.Unlock()
+	return d.opsAddr
+}
+
+// OpsHandler serves /metrics, /healthz and, by mode, /volumes and /images.
+func (d *Driver) OpsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET "+opsapi.PathMetrics, promhttp.HandlerFor(d.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET "+opsapi.PathHealthz, d.serveHealthz)
+	if d.opts.Mode.Node() {
+		mux.HandleFunc("GET "+opsapi.PathVolumes, func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
+			defer cancel()
+			writeJSON(w, d.NodeVolumes(ctx))
+		})
+	}
+	if d.opts.Mode.Controller() {
+		mux.HandleFunc("GET "+opsapi.PathImages, func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
+			defer cancel()
+			writeJSON(w, d.Images(ctx))
+		})
+	}
+	return mux
+}
+
+// serveOps listens on addr and serves OpsHandler until the returned stop
+// is called.
+func (d *Driver) serveOps(addr string) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	d.opsAddrMu.Lock()
+	d.opsAddr = lis.Addr().String()
+	d.opsAddrMu.Unlock()
+	srv := &http.Server{Handler: d.OpsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("metrics endpoint stopped", zap.Error(err))
+		}
+	}()
+	d.log.Info("serving metrics and health", zap.String("address", lis.Addr().String()))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
+
+// serveHealthz answers 200 "ok" when every backend this process serves
+// answers its probe (the same check as the Probe RPC), and 503 with the
+// reason otherwise.
+func (d *Driver) serveHealthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
+	defer cancel()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := d.probe(ctx); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "unhealthy: %v\n", err)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// stageRecords finds this node's stage records below kubelet's CSI
+// directory, with the mount table they were checked against.
+func (d *Driver) stageRecords() ([]node.FoundStageRecord, []node.Mount, error) {
+	mounts, err := d.data.Mounts()
+	if err != nil {
+		return nil, nil, err
+	}
+	root := d.opts.StageRecordsRoot()
+	if root == "" {
+		return nil, mounts, nil
+	}
+	recs, err := node.FindStageRecords(root, mounts)
+	return recs, mounts, err
+}
+
+// attachedDevices lists every device each backend instance holds on this
+// node; the instances that cannot say are reported as errors.
+func (d *Driver) attachedDevices(ctx context.Context) ([]opsapi.AttachedDevice, []error) {
+	var out []opsapi.AttachedDevice
+	var errs []error
+	for _, key := range d.instanceKeys() {
+		lister, ok := d.instances[key].Attacher.(backend.DeviceLister)
+		if !ok {
+			continue
+		}
+		devs, err := lister.AttachedDevices(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list the devices of %s: %w", key, err))
+			continue
+		}
+		for _, dev := range devs {
+			out = append(out, opsapi.AttachedDevice{
+				Backend: key, Image: dev.ImageID, VolumeID: key + "/" + dev.ImageID,
+				Device: dev.Path, ReadOnly: dev.ReadOnly, ImageDeleted: dev.ImageDeleted,
+			})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Backend != out[j].Backend {
+			return out[i].Backend < out[j].Backend
+		}
+		return out[i].Device < out[j].Device
+	})
+	return out, errs
+}
+
+// volumeCounts computes the staged and attached gauges: stage records per
+// backend instance, and volumes with at least one device per instance.
+// Every configured instance is reported, at 0 when it has none.
+func (d *Driver) volumeCounts() (metrics.VolumeCounts, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	counts := metrics.VolumeCounts{Staged: map[string]int{}, Attached: map[string]int{}}
+	for _, key := range d.instanceKeys() {
+		counts.Staged[key], counts.Attached[key] = 0, 0
+	}
+	var errs []error
+	recs, _, err := d.stageRecords()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, r := range recs {
+		if id, err := volumeid.Parse(r.Record.VolumeID); err == nil {
+			counts.Staged[id.InstanceKey()]++
+		}
+	}
+	devs, derrs := d.attachedDevices(ctx)
+	errs = append(errs, derrs...)
+	seen := map[string]bool{}
+	for _, dev := range devs {
+		if !seen[dev.VolumeID] {
+			seen[dev.VolumeID] = true
+			counts.Attached[dev.Backend]++
+		}
+	}
+	return counts, errors.Join(errs...)
+}
+
+// NodeVolumes is the node's inventory (the /volumes document): each stage
+// record checked against the mount table and the backend, and every device
+// the backends hold.
+func (d *Driver) NodeVolumes(ctx context.Context) opsapi.NodeVolumes {
+	out := opsapi.NodeVolumes{
+		Version: opsapi.FormatVersion, Driver: d.opts.DriverName, Node: d.opts.NodeID,
+		GeneratedAt: time.Now().UTC().Truncate(time.Second),
+		Staged:      []opsapi.StagedVolume{}, Devices: []opsapi.AttachedDevice{},
+	}
+	recs, mounts, err := d.stageRecords()
+	if err != nil {
+		out.Errors = append(out.Errors, err.Error())
+	}
+	for _, r := range recs {
+		out.Staged = append(out.Staged, d.stagedVolume(ctx, r, mounts))
+	}
+	devs, errs := d.attachedDevices(ctx)
+	if devs != nil {
+		out.Devices = devs
+	}
+	for _, err := range errs {
+		out.Errors = append(out.Errors, err.Error())
+	}
+	return out
+}
+
+func (d *Driver) stagedVolume(ctx context.Context, r node.FoundStageRecord, mounts []node.Mount) opsapi.StagedVolume {
+	rec := r.Record
+	v := opsapi.StagedVolume{
+		VolumeID: rec.VolumeID, Device: rec.Device, StagingPath: r.StagingPath,
+		AccessType: rec.AccessType, FsType: rec.FsType, ReadOnly: rec.ReadOnly, StagedAt: rec.StagedAt,
+		DeviceState: opsapi.DeviceStateUnknown,
+	}
+	block := rec.AccessType == string(backend.AccessBlock)
+	if !block {
+		v.MountState = node.StagingMountState(mounts, r.StagingPath, rec.Device)
+		switch v.MountState {
+		case node.MountStateMissing:
+			v.Problem = fmt.Sprintf("nothing is mounted at the staging path; the volume's filesystem on %s is not staged", rec.Device)
+		case node.MountStateDead:
+			v.Problem = "the staging mount is dead (ENOTCONN, ESTALE or EIO)"
+		case node.MountStateWrongDevice:
+			v.Problem = fmt.Sprintf("the staging path holds a mount of another device than %s", rec.Device)
+		}
+	}
+	v.Publishes = node.PublishesOf(mounts, r.StagingPath, rec.Device)
+	id, err := volumeid.Parse(rec.VolumeID)
+	if err != nil {
+		v.Problem = joinProblem(v.Problem, err.Error())
+		return v
+	}
+	v.Backend, v.Image = id.InstanceKey(), id.Image
+	inst, err := d.instanceFor(id)
+	if err != nil {
+		v.Problem = joinProblem(v.Problem, err.Error())
+		return v
+	}
+	_, err = inst.Attacher.Identify(ctx, id.Image, rec.Device)
+	switch {
+	case err == nil:
+		v.DeviceState = opsapi.DeviceStateAttached
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
+		v.DeviceState = opsapi.DeviceStateMissing
+		v.Problem = joinProblem(v.Problem, err.Error())
+	default:
+		v.Problem = joinProblem(v.Problem, err.Error())
+	}
+	return v
+}
+
+func joinProblem(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// Images lists every image of every backend instance (the /images document).
+func (d *Driver) Images(ctx context.Context) opsapi.Images {
+	out := opsapi.Images{
+		Version: opsapi.FormatVersion, Driver: d.opts.DriverName,
+		GeneratedAt: time.Now().UTC().Truncate(time.Second),
+		Backends:    []opsapi.BackendImages{},
+	}
+	for _, key := range d.instanceKeys() {
+		b := opsapi.BackendImages{Backend: key, Images: []opsapi.Image{}}
+		imgs, err := d.instances[key].Store.List(ctx)
+		if err != nil {
+			b.Error = err.Error()
+		}
+		for _, img := range imgs {
+			i := opsapi.Image{VolumeID: key + "/" + img.ID, Image: img.ID, Name: img.Name, CapacityBytes: img.CapacityBytes}
+			for _, a := range img.Attachments {
+				i.PublishedTo = append(i.PublishedTo, a.NodeID)
+			}
+			b.Images = append(b.Images, i)
+		}
+		out.Backends = append(out.Backends, b)
+	}
+	return out
+}

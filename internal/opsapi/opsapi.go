@@ -1,0 +1,116 @@
+// Package opsapi is the JSON that the driver serves on its metrics address
+// for operators and kubectl-spindle: what a node plugin holds (/volumes)
+// and what a controller's backends store (/images). Both sides import these
+// types, so the format has one definition; fields are only ever added.
+//
+// Endpoints on --metrics-address:
+//
+//	GET /metrics   Prometheus metrics (internal/metrics)
+//	GET /healthz   200 "ok", or 503 with the reason a backend's probe failed
+//	GET /volumes   NodeVolumes (node plugins only; 404 on a controller)
+//	GET /images    Images (controllers only; 404 on a node plugin)
+package opsapi
+
+import "time"
+
+// Paths served on the metrics address.
+const (
+	PathMetrics = "/metrics"
+	PathHealthz = "/healthz"
+	PathVolumes = "/volumes"
+	PathImages  = "/images"
+)
+
+// FormatVersion is the version of the documents below.
+const FormatVersion = 1
+
+// NodeVolumes is what a node plugin has on its node: the volumes it staged
+// (from its stage records, checked against /proc/self/mountinfo and the
+// backend) and every device its backends hold, staged or not.
+type NodeVolumes struct {
+	Version     int       `json:"version"`
+	Driver      string    `json:"driver"`
+	Node        string    `json:"node"` // the node ID (NodeGetInfo)
+	GeneratedAt time.Time `json:"generatedAt"`
+	// Staged is one entry per stage record, sorted by staging path.
+	Staged []StagedVolume `json:"staged"`
+	// Devices is every device the backends hold on the node, sorted by
+	// backend and device.
+	Devices []AttachedDevice `json:"devices"`
+	// Errors are the parts of the inventory that could not be read (a
+	// backend that cannot list its devices); the rest is still reported.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// Mount states of a filesystem volume's staging path.
+const (
+	MountStateMounted     = "mounted"
+	MountStateMissing     = "missing"
+	MountStateDead        = "dead"
+	MountStateWrongDevice = "wrong-device"
+)
+
+// Device states of a staged volume's device.
+const (
+	DeviceStateAttached = "attached" // the backend proves the device is the volume's
+	DeviceStateMissing  = "missing"  // gone, or now some other image's device
+	DeviceStateUnknown  = "unknown"  // the backend could not tell (see Problem)
+)
+
+// StagedVolume is one volume staged on the node.
+type StagedVolume struct {
+	VolumeID    string    `json:"volumeID"`
+	Backend     string    `json:"backend"` // the backend instance, "loop/default"
+	Image       string    `json:"image"`
+	Device      string    `json:"device"`
+	StagingPath string    `json:"stagingPath"`
+	AccessType  string    `json:"accessType"` // mount or block
+	FsType      string    `json:"fsType,omitempty"`
+	ReadOnly    bool      `json:"readOnly"`
+	StagedAt    time.Time `json:"stagedAt"`
+	// MountState is mounted, missing, dead or wrong-device for a
+	// filesystem volume; empty for a block volume, whose stage mounts nothing.
+	MountState string `json:"mountState,omitempty"`
+	// DeviceState is attached, missing or unknown.
+	DeviceState string `json:"deviceState"`
+	// Publishes are the other mount points of the volume: its pods' binds.
+	Publishes []string `json:"publishes,omitempty"`
+	// Problem explains a state other than mounted/attached, when known.
+	Problem string `json:"problem,omitempty"`
+}
+
+// AttachedDevice is one device a backend holds on the node.
+type AttachedDevice struct {
+	Backend  string `json:"backend"`
+	Image    string `json:"image"`
+	VolumeID string `json:"volumeID"`
+	Device   string `json:"device"`
+	ReadOnly bool   `json:"readOnly"`
+	// ImageDeleted: bound to an image that no longer exists.
+	ImageDeleted bool `json:"imageDeleted,omitempty"`
+}
+
+// Images is what a controller's backends store.
+type Images struct {
+	Version     int             `json:"version"`
+	Driver      string          `json:"driver"`
+	GeneratedAt time.Time       `json:"generatedAt"`
+	Backends    []BackendImages `json:"backends"`
+}
+
+// BackendImages lists one backend instance's images; Error says why the
+// list is missing, and then Images must not be read as "no images".
+type BackendImages struct {
+	Backend string  `json:"backend"`
+	Images  []Image `json:"images"`
+	Error   string  `json:"error,omitempty"`
+}
+
+// Image is one image of a backend.
+type Image struct {
+	VolumeID      string   `json:"volumeID"`
+	Image         string   `json:"image"`
+	Name          string   `json:"name"` // the CSI name (the PV's name)
+	CapacityBytes int64    `json:"capacityBytes"`
+	PublishedTo   []string `json:"publishedTo,omitempty"` // node IDs
+}
