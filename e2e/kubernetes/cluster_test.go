@@ -51,6 +51,10 @@ type cluster struct {
 	dynamic dynamic.Interface
 }
 
+// nodeMetricsAddress is where the node plugin serves /volumes: both
+// deployments of hack/local-cluster use 127.0.0.1:9808.
+func (c *cluster) nodeMetricsAddress() string { return "127.0.0.1:9808" }
+
 // kubeletDir is kubelet's --root-dir; poolDir the driver's loop pool.
 func (c *cluster) kubeletDir() string { return filepath.Join(c.dir, "kubelet") }
 func (c *cluster) poolDir() string    { return filepath.Join(c.dir, "pool") }

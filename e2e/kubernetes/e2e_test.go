@@ -2,8 +2,11 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -347,6 +350,71 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	if held := c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached }); held == nil {
 		t.Fatal("the holder lost its attachment")
 	}
+
+	// What an operator sees with kubectl-spindle: the attach error in
+	// `volumes` and `doctor`, the node's device and staging path in `describe`.
+	var rows []struct {
+		PV          string `json:"pv"`
+		Attachments []struct {
+			Node, State, Error string
+		} `json:"attachments"`
+	}
+	out := c.kubectlSpindle(t, "volumes", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("kubectl spindle volumes -o json: %v\n%s", err, out)
+	}
+	states := map[string]string{}
+	for _, r := range rows {
+		if r.PV != pv.Name {
+			continue
+		}
+		for _, a := range r.Attachments {
+			states[a.Node] = a.State
+			if a.Node == other && !strings.Contains(a.Error, c.node) {
+				t.Errorf("volumes shows the error %q, want it to name %s", a.Error, c.node)
+			}
+		}
+	}
+	if states[c.node] != "attached" || states[other] != "error" {
+		t.Errorf("kubectl spindle volumes shows %v for %s, want %s attached and %s error", states, pv.Name, c.node, other)
+	}
+	t.Logf("$ kubectl spindle volumes\n%s", c.kubectlSpindle(t, "volumes"))
+	doctor := c.kubectlSpindle(t, "doctor", "--stuck-after", "0s")
+	t.Logf("$ kubectl spindle doctor --stuck-after 0s\n%s", doctor)
+	for _, want := range []string{va.Name, c.node} {
+		if !strings.Contains(doctor, want) {
+			t.Errorf("doctor does not mention %s:\n%s", want, doctor)
+		}
+	}
+	describe := c.kubectlSpindle(t, "describe", "exclusive", "-n", ns)
+	t.Logf("$ kubectl spindle describe exclusive -n %s\n%s", ns, describe)
+	for _, want := range []string{pv.Spec.CSI.VolumeHandle, c.stagingPath(pv), "/dev/loop", "holder"} {
+		if !strings.Contains(describe, want) {
+			t.Errorf("describe does not show %s:\n%s", want, describe)
+		}
+	}
+}
+
+// kubectlSpindle runs the operators' kubectl plugin (built by `make build`)
+// against the cluster, with the node plugin's endpoint this cluster serves,
+// and returns its output. Doctor's exit status 1 (findings) is not an error.
+func (c *cluster) kubectlSpindle(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := filepath.Abs("../../bin/kubectl-spindle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("kubectl-spindle is not built (make build): %v", err)
+	}
+	args = append(args, "--kubeconfig", filepath.Join(c.dir, "admin.kubeconfig"), "--node-address", c.node+"="+c.nodeMetricsAddress())
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1 && args[0] == "doctor") {
+		t.Fatalf("kubectl-spindle %v: %v\n%s", args, err, out)
+	}
+	return string(out)
 }
 
 // 8. Teardown: deleting the pod removes the VolumeAttachment and detaches

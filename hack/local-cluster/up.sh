@@ -201,7 +201,8 @@ spec:
   volumeLifecycleModes: [Persistent]
 YAML
 start spindle "$SPINDLE" --mode all --node-id "$NODE" --driver-name "$DRIVER_NAME" --endpoint "unix://$CSI_SOCKET" \
-  --loop-pool-dir "$POOL_DIR" --plugin-registration-dir "$KUBELET_DIR/plugins_registry" --log-format json
+  --loop-pool-dir "$POOL_DIR" --plugin-registration-dir "$KUBELET_DIR/plugins_registry" --log-format json \
+  --kubelet-dir "$KUBELET_DIR" --metrics-address 127.0.0.1:9808
 wait_for "the Spindle socket" 30 test -S "$CSI_SOCKET"
 sidecar=(--csi-address "$CSI_SOCKET" --kubeconfig "$KUBECONFIG")
 start csi-provisioner "$BIN/csi-provisioner" "${sidecar[@]}" --extra-create-metadata --timeout 60s
