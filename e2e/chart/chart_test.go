@@ -307,6 +307,16 @@ func checkNode(t *testing.T, r *rendering, w want) {
 	if host, _ := hostPathOf(spec, d, sock); host != kubeletSocket {
 		t.Errorf("node driver listens on %s, which is %q on the host, want %s", sock, host, kubeletSocket)
 	}
+	// The node finds its stage records under kubelet's directory, where
+	// kubelet writes them: the path inside the pod must be kubelet's own.
+	if dir, _ := flag(d.Args, "kubelet-dir"); dir == "" {
+		t.Error("node driver has no --kubelet-dir")
+	} else if host, _ := hostPathOf(spec, d, dir); host != w.kubeletDir {
+		t.Errorf("node driver --kubelet-dir=%q is %q on the host, want %s", dir, host, w.kubeletDir)
+	}
+	if addr, ok := flag(d.Args, "metrics-address"); !ok || !strings.HasSuffix(addr, ":9808") {
+		t.Errorf("node driver --metrics-address=%q, want the node port 9808 kubectl-spindle looks for", addr)
+	}
 	regDir := path.Join(w.kubeletDir, "plugins_registry")
 	registrar := container(t, spec, "node-driver-registrar")
 	switch w.registration {
