@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +36,10 @@ type Cmd struct {
 	SecretArgs bool
 	// Timeout overrides DefaultTimeout when the context has no deadline.
 	Timeout time.Duration
+	// Env holds extra "NAME=value" variables for this command only (a path
+	// the program must read, never a secret: /proc/PID/environ is readable
+	// by the process's owner).
+	Env []string
 }
 
 // Observation is reported after every command, for metrics and debug logs.
@@ -91,7 +96,11 @@ func (r *Runner) Exec(ctx context.Context, c Cmd) ([]byte, error) {
 
 	var stdout, stderr bytes.Buffer
 	cmd := r.exec.CommandContext(ctx, c.Name, c.Args...)
-	cmd.SetEnv(r.env)
+	env := r.env
+	if len(c.Env) > 0 {
+		env = append(slices.Clip(r.env), c.Env...)
+	}
+	cmd.SetEnv(env)
 	cmd.SetStdin(bytes.NewReader(c.Stdin))
 	cmd.SetStdout(&stdout)
 	cmd.SetStderr(&stderr)
