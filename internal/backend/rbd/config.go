@@ -30,13 +30,13 @@ const (
 
 // Config is one rbd instance of the config file:
 //
-//	- type: rbd
-//	  name: ceph-a
-//	  rbd:
-//	    clusterID: ceph-a
-//	    monitors: ["10.0.0.1:3300", "10.0.0.2:3300"]
-//	    pool: kube
-//	    mounter: krbd
+//   - type: rbd
+//     name: ceph-a
+//     rbd:
+//     clusterID: ceph-a
+//     monitors: ["10.0.0.1:3300", "10.0.0.2:3300"]
+//     pool: kube
+//     mounter: krbd
 type Config struct {
 	// ClusterID names the Ceph cluster to operators (publish_context, logs).
 	ClusterID string `json:"clusterID"`

@@ -100,7 +100,9 @@ type Store struct {
 func (s *Store) ImageID(name string) string { return s.cfg.Pool + "/" + hashedName(volumePrefix, name) }
 
 // SnapshotID returns the snapshot ID a snapshot of that CSI name gets.
-func (s *Store) SnapshotID(name string) string { return s.cfg.Pool + "/" + hashedName(snapPrefix, name) }
+func (s *Store) SnapshotID(name string) string {
+	return s.cfg.Pool + "/" + hashedName(snapPrefix, name)
+}
 
 // spec is the rbd image spec "pool/image".
 func (s *Store) spec(image string) string { return s.cfg.Pool + "/" + image }
@@ -272,7 +274,9 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			formatted = snap.FsType
 		}
 		snapImage, _ := s.imageOf(snap.ID, snapPrefix, "snapshot")
-		build = func(tmp string) error { return s.clone(ctx, snapImage, snapshotSnap, tmp, spec.CapacityBytes, snap.SizeBytes) }
+		build = func(tmp string) error {
+			return s.clone(ctx, snapImage, snapshotSnap, tmp, spec.CapacityBytes, snap.SizeBytes)
+		}
 	default:
 		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
 		if err != nil {
