@@ -6,4 +6,6 @@ import (
 	"github.com/spindle-csi/spindle/e2e/sanity"
 )
 
-func TestSanityMount(t *testing.T) { sanity.Run(t, sanity.Config{AccessType: "mount", NodeLocal: true}) }
+func TestSanityMount(t *testing.T) {
+	sanity.Run(t, sanity.Config{AccessType: "mount", NodeLocal: true})
+}
