@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/backend/rbd"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
@@ -32,6 +33,7 @@ type BackendConfig struct {
 	Type string       `json:"type"`
 	Name string       `json:"name"`
 	Loop *loop.Config `json:"loop,omitempty"`
+	RBD  *rbd.Config  `json:"rbd,omitempty"`
 }
 
 // Key is "<type>/<name>".
@@ -87,8 +89,17 @@ func (f *File) Validate() error {
 			if b.Loop.MaxProvisionedBytes < 0 {
 				errs = append(errs, fmt.Errorf("%s.loop.maxProvisionedBytes: must not be negative", where))
 			}
+		case rbd.Type:
+			if b.RBD == nil {
+				errs = append(errs, fmt.Errorf("%s: type rbd needs an rbd section", where))
+				break
+			}
+			errs = append(errs, b.RBD.Validate(where+".rbd")...)
 		default:
-			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop)", where, b.Type))
+			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop, rbd)", where, b.Type))
+		}
+		if b.Type != loop.Type && b.Loop != nil || b.Type != rbd.Type && b.RBD != nil {
+			errs = append(errs, fmt.Errorf("%s: a %s backend has a section of another type", where, b.Type))
 		}
 	}
 	if f.DefaultBackend != "" && !seen[f.DefaultBackend] {

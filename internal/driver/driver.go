@@ -23,6 +23,7 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/backend/rbd"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -66,6 +67,8 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		switch b.Type {
 		case loop.Type:
 			inst, err = loop.New(b.Name, *b.Loop, run)
+		case rbd.Type:
+			inst, err = rbd.New(b.Name, *b.RBD, run)
 		default:
 			err = fmt.Errorf("unknown backend type %q", b.Type)
 		}
