@@ -62,6 +62,9 @@ type Options struct {
 	Config string
 	// Logger defaults to the test's log.
 	Logger *zap.Logger
+	// NodeID defaults to NodeID; two drivers with different node IDs
+	// play two nodes on one host.
+	NodeID string
 }
 
 // Start runs a driver in this process (mode all) on a temporary socket and
@@ -78,10 +81,13 @@ func Start(t testing.TB, o Options) *Driver {
 		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
 	socket := filepath.Join(dir, "csi.sock")
+	if o.NodeID == "" {
+		o.NodeID = NodeID
+	}
 	opts := config.Options{
 		Endpoint:          "unix://" + socket,
 		Mode:              config.ModeAll,
-		NodeID:            NodeID,
+		NodeID:            o.NodeID,
 		DriverName:        config.DefaultDriverName,
 		LoopPoolDir:       o.PoolDir,
 		MaxVolumesPerNode: o.MaxVolumesPerNode,

@@ -363,3 +363,24 @@ func (c *Cluster) AwaitNoWatchers(ctx context.Context, image string, within time
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// DriverConfig is a driver --config with one rbd instance, rbd/ceph-test,
+// on the cluster, mapping with rbd-fuse under fuseDir. userID and keyFile
+// serve the RPCs that CSI sends without secrets (ListVolumes, GetCapacity,
+// ControllerGetVolume, Probe); calls that carry the secrets userID/userKey
+// use those.
+func (c *Cluster) DriverConfig(fuseDir string) string {
+	return fmt.Sprintf(`defaultBackend: rbd/ceph-test
+backends:
+  - type: rbd
+    name: ceph-test
+    rbd:
+      clusterID: test
+      monitors: [%q]
+      pool: %s
+      userID: %s
+      keyFile: %s
+      mounter: rbd-fuse
+      fuseDir: %s
+`, c.Monitor, c.Pool, c.User, c.KeyFile, fuseDir)
+}
