@@ -23,6 +23,17 @@ declare -A needs=(
   [btrfs]=btrfs-progs
   [truncate]=coreutils
   [sha256sum]=coreutils
+  # the rbd backend's tests: a throw-away Ceph cluster (hack/ceph-up.sh),
+  # the rbd/ceph CLIs, and rbd-fuse for mapping without kernel modules
+  [ceph-mon]=ceph-mon
+  [ceph-mgr]=ceph-mgr
+  [ceph-osd]=ceph-osd
+  [rbd]=ceph-common
+  [ceph]=ceph-common
+  [ceph-authtool]=ceph-common
+  [monmaptool]=ceph-common
+  [rbd-fuse]=rbd-fuse
+  [uuidgen]=uuid-runtime
 )
 
 missing=()
