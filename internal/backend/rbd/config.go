@@ -77,6 +77,13 @@ type Config struct {
 	Fencing bool `json:"fencing,omitempty"`
 	// FuseDir is where rbd-fuse mounts live on the node (rbd-fuse mounter).
 	FuseDir string `json:"fuseDir,omitempty"`
+	// NodeRegistry: node plugins register themselves (node ID, attach
+	// limit) in the omap of the RADOS object "spindle.nodes" in the pool,
+	// with the config's userID + keyFile (NodeGetInfo carries no secrets),
+	// and ControllerPublish refuses a node that never registered
+	// (NOT_FOUND) and enforces its MaxVolumesPerNode. Without it any valid
+	// node ID may be published to.
+	NodeRegistry bool `json:"nodeRegistry,omitempty"`
 }
 
 var (
@@ -154,6 +161,9 @@ func (c Config) Validate(where string) []error {
 	}
 	if c.MaxProvisionedBytes < 0 {
 		bad("maxProvisionedBytes", "must not be negative")
+	}
+	if c.NodeRegistry && c.UserID == "" {
+		bad("nodeRegistry", "needs userID and keyFile: node plugins register without CSI secrets")
 	}
 	if c.FuseDir != "" && !filepath.IsAbs(c.FuseDir) {
 		bad("fuseDir", "%q must be an absolute path", c.FuseDir)

@@ -37,6 +37,9 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		Mounter:             rbd.MounterFuse,
 		FuseDir:             fuseDir,
 		MaxProvisionedBytes: opts.CapacityBytes,
+		UserID:              cl.User,
+		KeyFile:             cl.KeyFile,
+		NodeRegistry:        true,
 	}, command.New(utilexec.New(), nil))
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +50,6 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		Artifacts:         cl.Artifacts,
 		MutableParameters: map[string]string{rbd.MutableParamMapOptions: "noudev"},
 		Secrets:           cl.Secrets(),
-		NoNodeRegistry:    "rbd node plugins cannot register in Ceph (NodeGetInfo carries no cephx secrets); any valid node ID may be published to, and MaxVolumesPerNode is enforced for nodes registered in the controller's process",
 		WriteImage: func(ctx context.Context, id string, off int64, data []byte) error {
 			return cl.WriteImage(ctx, imageOf(t, cl, id), off, data)
 		},

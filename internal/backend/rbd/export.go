@@ -2,8 +2,14 @@ package rbd
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/spindle-csi/spindle/internal/command"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -57,17 +63,21 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 	if err != nil {
 		return nil, err
 	}
+	node, err := s.lookupNode(ctx, att.NodeID)
+	if err != nil {
+		return nil, err
+	}
 	already, err := backend.Admit(img, att)
 	if err != nil {
 		return nil, err
 	}
 	if !already {
-		if s.nodeLimit(att.NodeID) > 0 {
+		if node.MaxVolumesPerNode > 0 {
 			// Two publishes racing for a node's last slot count one after the other.
 			s.limitMu.Lock()
 			defer s.limitMu.Unlock()
 		}
-		if err := s.checkNodeLimit(ctx, att.NodeID, imageID); err != nil {
+		if err := s.checkNodeLimit(ctx, node, imageID); err != nil {
 			return nil, err
 		}
 		if s.cfg.Fencing && att.AccessMode.SingleNode() && !att.ReadOnly && len(img.Attachments) == 0 {
@@ -145,26 +155,67 @@ func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error 
 	return s.setMeta(ctx, image, map[string]string{metaAttachments: v})
 }
 
-// RegisterNode records a node's attach limit in this process. Ceph offers
-// node plugins no place to register without credentials (NodeGetInfo
-// carries no secrets), so the registry lives in memory: a controller in the
-// same process as the node plugin (--mode=all) enforces MaxVolumesPerNode
-// here; a separate controller relies on the Kubernetes scheduler, which
-// reads the same limit from NodeGetInfo. Any valid node ID may be published to.
-func (s *Store) RegisterNode(_ context.Context, info backend.NodeInfo) error {
+// nodeRegistryObject is the RADOS object whose omap holds the registered
+// nodes (Config.NodeRegistry), one key per node ID, a JSON NodeInfo each.
+const nodeRegistryObject = "spindle.nodes"
+
+// RegisterNode records a node in this process and, with NodeRegistry, in
+// the pool. Without NodeRegistry the in-process record lets a controller
+// in the same process as the node plugin (--mode=all) enforce
+// MaxVolumesPerNode; a separate controller relies on the scheduler, which
+// reads the same limit from NodeGetInfo.
+func (s *Store) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
 	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
 	if s.nodes == nil {
 		s.nodes = map[string]backend.NodeInfo{}
 	}
 	s.nodes[info.NodeID] = info
-	return nil
+	s.nodesMu.Unlock()
+	if !s.cfg.NodeRegistry {
+		return nil
+	}
+	_, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "setomapval", nodeRegistryObject, info.NodeID, mustJSON(info))
+	return err
 }
 
-// checkNodeLimit refuses a publish beyond a registered node's limit,
-// counting the instance's volumes published to it.
-func (s *Store) checkNodeLimit(ctx context.Context, nodeID, imageID string) error {
-	limit := s.nodeLimit(nodeID)
+// lookupNode returns what is known of a node: from the pool's registry
+// (ErrNotFound when it never registered), or else this process's record
+// (an unknown node is accepted, without a limit).
+func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo, error) {
+	if !s.cfg.NodeRegistry {
+		s.nodesMu.Lock()
+		defer s.nodesMu.Unlock()
+		return s.nodes[nodeID], nil
+	}
+	dir, err := os.MkdirTemp(s.c.keyRoot, "spindle-rbd-node-")
+	if err != nil {
+		return backend.NodeInfo{}, err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "value")
+	if _, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "getomapval", nodeRegistryObject, nodeID, out); err != nil {
+		// A missing key: exit 1, "No such key: ..." on stdout and nothing
+		// on stderr; a missing object: "(2) No such file or directory".
+		if stderr := command.Stderr(err); command.ExitCode(err) == 1 && (stderr == "" || strings.Contains(stderr, "No such key") || strings.Contains(stderr, "No such file or directory")) {
+			return backend.NodeInfo{}, errdefs.NotFound("node %q is not registered with %s (its node plugin has not started, or cannot reach pool %s)", nodeID, s.key, s.cfg.Pool)
+		}
+		return backend.NodeInfo{}, err
+	}
+	var info backend.NodeInfo
+	b, err := os.ReadFile(out)
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	if err != nil {
+		return backend.NodeInfo{}, fmt.Errorf("node %q in the registry of %s: %w", nodeID, s.key, err)
+	}
+	return info, nil
+}
+
+// checkNodeLimit refuses a publish beyond a node's limit, counting the
+// instance's volumes published to it.
+func (s *Store) checkNodeLimit(ctx context.Context, node backend.NodeInfo, imageID string) error {
+	limit, nodeID := node.MaxVolumesPerNode, node.NodeID
 	if limit <= 0 {
 		return nil
 	}
@@ -185,13 +236,6 @@ func (s *Store) checkNodeLimit(ctx context.Context, nodeID, imageID string) erro
 		return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", nodeID, n, s.key, limit)
 	}
 	return nil
-}
-
-// nodeLimit is a registered node's MaxVolumesPerNode (0: none).
-func (s *Store) nodeLimit(nodeID string) int64 {
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	return s.nodes[nodeID].MaxVolumesPerNode
 }
 
 // listUnlocked lists the volumes other than skipID.

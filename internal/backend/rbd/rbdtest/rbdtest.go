@@ -382,5 +382,6 @@ backends:
       keyFile: %s
       mounter: rbd-fuse
       fuseDir: %s
+      nodeRegistry: true
 `, c.Monitor, c.Pool, c.User, c.KeyFile, fuseDir)
 }
