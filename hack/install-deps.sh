@@ -33,6 +33,17 @@ declare -A needs=(
   [qemu-img]=qemu-utils
   [qemu-storage-daemon]=qemu-system-common
   [fusermount3]=fuse3
+  # the rbd backend's tests: a throw-away Ceph cluster (hack/ceph-up.sh),
+  # the rbd/ceph CLIs, and rbd-fuse for mapping without kernel modules
+  [ceph-mon]=ceph-mon
+  [ceph-mgr]=ceph-mgr
+  [ceph-osd]=ceph-osd
+  [rbd]=ceph-common
+  [ceph]=ceph-common
+  [ceph-authtool]=ceph-common
+  [monmaptool]=ceph-common
+  [rbd-fuse]=rbd-fuse
+  [uuidgen]=uuid-runtime
 )
 
 # file -> Debian package, for what is not a program on PATH

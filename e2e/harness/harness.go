@@ -72,6 +72,9 @@ type Options struct {
 	// Metrics serves the operators' endpoints on a free loopback port
 	// (Driver.MetricsURL).
 	Metrics bool
+	// NodeID defaults to NodeID; two drivers with different node IDs
+	// play two nodes on one host.
+	NodeID string
 }
 
 // Start runs a driver in this process (mode all) on a temporary socket and
@@ -88,10 +91,13 @@ func Start(t testing.TB, o Options) *Driver {
 		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
 	socket := filepath.Join(dir, "csi.sock")
+	if o.NodeID == "" {
+		o.NodeID = NodeID
+	}
 	opts := config.Options{
 		Endpoint:          "unix://" + socket,
 		Mode:              config.ModeAll,
-		NodeID:            NodeID,
+		NodeID:            o.NodeID,
 		DriverName:        config.DefaultDriverName,
 		LoopPoolDir:       o.PoolDir,
 		MaxVolumesPerNode: o.MaxVolumesPerNode,

@@ -35,8 +35,9 @@ type Cmd struct {
 	SecretArgs bool
 	// Timeout overrides DefaultTimeout when the context has no deadline.
 	Timeout time.Duration
-	// Env adds NAME=value variables to the environment (tgtadm's
-	// TGT_IPC_SOCKET); they cannot override LC_ALL.
+	// Env adds "NAME=value" variables for this command only (tgtadm's
+	// TGT_IPC_SOCKET, rbd-fuse's CEPH_ARGS); they cannot override LC_ALL.
+	// Never a secret: /proc/PID/environ is readable by the process's owner.
 	Env []string
 }
 

@@ -104,3 +104,22 @@ func TestEnvAddsVariablesButNotLocale(t *testing.T) {
 		t.Fatalf("environment = %q, want %q", got, "/run/x/tgtd.socket:C")
 	}
 }
+
+func TestEnvIsPerCommand(t *testing.T) {
+	r := command.New(utilexec.New(), nil)
+	out, err := r.Exec(context.Background(), command.Cmd{Name: "sh", Args: []string{"-c", "echo $SPINDLE_TEST_VAR:$LC_ALL"}, Env: []string{"SPINDLE_TEST_VAR=one"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "one:C" {
+		t.Fatalf("with Env, the command saw %q, want %q", got, "one:C")
+	}
+	// The next command does not inherit it.
+	out, err = r.Run(context.Background(), "sh", "-c", "echo $SPINDLE_TEST_VAR:$LC_ALL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != ":C" {
+		t.Fatalf("the next command saw %q, want %q", got, ":C")
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend/iscsi"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/backend/rbd"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
@@ -41,6 +42,7 @@ type BackendConfig struct {
 	Name  string        `json:"name"`
 	Loop  *loop.Config  `json:"loop,omitempty"`
 	ISCSI *iscsi.Config `json:"iscsi,omitempty"`
+	RBD   *rbd.Config   `json:"rbd,omitempty"`
 }
 
 // Key is "<type>/<name>".
@@ -90,6 +92,9 @@ func (f *File) Validate() error {
 		if b.Type != iscsi.Type && b.ISCSI != nil {
 			errs = append(errs, fmt.Errorf("%s: an iscsi section does not belong to type %q", where, b.Type))
 		}
+		if b.Type != rbd.Type && b.RBD != nil {
+			errs = append(errs, fmt.Errorf("%s: an rbd section does not belong to type %q", where, b.Type))
+		}
 		switch b.Type {
 		case iscsi.Type:
 			if b.ISCSI == nil {
@@ -110,8 +115,14 @@ func (f *File) Validate() error {
 			if b.Loop.MaxProvisionedBytes < 0 {
 				errs = append(errs, fmt.Errorf("%s.loop.maxProvisionedBytes: must not be negative", where))
 			}
+		case rbd.Type:
+			if b.RBD == nil {
+				errs = append(errs, fmt.Errorf("%s: type rbd needs an rbd section", where))
+				break
+			}
+			errs = append(errs, b.RBD.Validate(where+".rbd")...)
 		default:
-			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop, iscsi)", where, b.Type))
+			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop, iscsi, rbd)", where, b.Type))
 		}
 	}
 	if f.DefaultBackend != "" && !seen[f.DefaultBackend] {

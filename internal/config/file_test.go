@@ -264,3 +264,69 @@ backends:
 		}
 	}
 }
+
+func TestLoadFileRBD(t *testing.T) {
+	path := writeConfig(t, `
+backends:
+  - type: rbd
+    name: ceph-a
+    rbd:
+      clusterID: ceph-a
+      monitors: ["10.0.0.1:3300", "v2:10.0.0.2:3300"]
+      pool: kube
+      mounter: rbd-fuse
+      fencing: true
+`)
+	f, err := LoadFile(path)
+	if err != nil {
+		t.Fatalf("LoadFile: %v", err)
+	}
+	if got := f.Backends[0]; got.Key() != "rbd/ceph-a" || got.RBD == nil || got.RBD.Pool != "kube" || !got.RBD.Fencing || got.RBD.Mounter != "rbd-fuse" {
+		t.Fatalf("backend = %+v (rbd %+v)", got, got.RBD)
+	}
+}
+
+// Every problem of an rbd section is reported at once, each naming its field.
+func TestLoadFileRejectsRBD(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		want    []string
+	}{
+		{"missing section", "backends:\n  - {type: rbd, name: a}\n", []string{"backends[0]", "needs an rbd section"}},
+		{"unknown key", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], keyring: /k}}\n", []string{"keyring"}},
+		{"everything wrong", `backends:
+  - type: rbd
+    name: a
+    rbd:
+      clusterID: "bad id"
+      pool: "p/q"
+      monitors: ["a,b"]
+      mounter: floppy
+      mapOptions: "a b"
+      maxCloneDepth: -1
+      maxProvisionedBytes: -5
+      userID: admin
+      fuseDir: relative
+`, []string{
+			"backends[0].rbd.clusterID", "backends[0].rbd.pool", "backends[0].rbd.monitors[0]", "backends[0].rbd.mounter", "floppy",
+			"backends[0].rbd.mapOptions", "backends[0].rbd.maxCloneDepth", "backends[0].rbd.maxProvisionedBytes",
+			"userID and keyFile go together", "backends[0].rbd.fuseDir",
+		}},
+		{"no monitors", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p}}\n", []string{"backends[0].rbd.monitors", "at least one"}},
+		{"section of another type", "backends:\n  - {type: loop, name: a, loop: {poolDir: /p}, rbd: {clusterID: c, pool: p, monitors: [m:1]}}\n", []string{"backends[0]", "another type"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadFile(writeConfig(t, tt.content))
+			if err == nil {
+				t.Fatal("LoadFile accepted it")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/iscsi"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/backend/rbd"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -93,6 +94,8 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 				}
 				cancel()
 			}
+		case rbd.Type:
+			inst, err = rbd.New(b.Name, *b.RBD, run)
 		default:
 			err = fmt.Errorf("unknown backend type %q", b.Type)
 		}

@@ -1,0 +1,34 @@
+// Package rbd runs csi-sanity against the driver configured with the RBD
+// backend on a real single-node Ceph cluster (internal/backend/rbd/rbdtest),
+// mapping with rbd-fuse + loop devices.
+package rbd
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/spindle-csi/spindle/e2e/harness"
+	"github.com/spindle-csi/spindle/e2e/sanity"
+	"github.com/spindle-csi/spindle/internal/backend/rbd/rbdtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(rbdtest.Main(m)) }
+
+func TestSanityRBDMount(t *testing.T) {
+	cl := rbdtest.Require(t)
+	t.Cleanup(func() {
+		if err := cl.Wipe(context.Background()); err != nil {
+			t.Errorf("empty the pool: %v", err)
+		}
+	})
+	sanity.Run(t, sanity.Config{
+		AccessType:        "mount",
+		Backend:           "rbd",
+		Instance:          "rbd/ceph-test",
+		BackendConfig:     cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse")),
+		Secrets:           cl.Secrets(),
+		MutableParameters: map[string]string{"mapOptions": "noudev"},
+	})
+}

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Starts a throw-away single-node Ceph (16, pacific) cluster for Spindle's RBD
+# tests: 1 mon, 1 mgr, 1 memstore OSD, all on 127.0.0.1, everything (config,
+# keyrings, pid files, logs, the mon's store) under DIR, nothing in /etc/ceph
+# or /var/lib/ceph. Based on the shared recipe (shared/recipes/backends).
+#
+#   hack/ceph-up.sh DIR [POOL...]      then: export CEPH_CONF=DIR/ceph.conf
+#
+# MON_PORT (default 3300) and MON_V1_PORT (default 6789) pick the monitor's
+# msgr2 and msgr1 ports, so that test packages running in parallel each get
+# a cluster of their own. Every POOL is created (size 1, 8 PGs) and tagged
+# for rbd. The OSD holds at most OSD_BYTES (default 2 GiB) in memory.
+# Stop it with hack/ceph-down.sh DIR.
+set -euo pipefail
+D=${1:?usage: $0 DIR [POOL...]}
+shift
+MON_PORT=${MON_PORT:-3300}
+MON_V1_PORT=${MON_V1_PORT:-6789}
+OSD_BYTES=${OSD_BYTES:-2147483648}
+export PATH="$PATH:/usr/sbin:/sbin"
+T0=$(date +%s%N)
+step() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[%3d.%03ds] %s\n' $((ms/1000)) $((ms%1000)) "$*"; }
+
+for prog in ceph-mon ceph-mgr ceph-osd ceph ceph-authtool monmaptool uuidgen; do
+  command -v "$prog" >/dev/null || { echo "ceph-up.sh: $prog is not installed (hack/install-deps.sh installs it)" >&2; exit 3; }
+done
+[ -e "$D/run/mon.a.pid" ] && { echo "ceph-up.sh: a cluster in $D seems to be running; run hack/ceph-down.sh $D first" >&2; exit 1; }
+rm -rf "$D"; mkdir -p "$D"/{run,log,mon.a,mgr.x,osd.0}
+FSID=$(uuidgen)
+MON_ADDR="[v2:127.0.0.1:$MON_PORT,v1:127.0.0.1:$MON_V1_PORT]"
+cat > "$D/ceph.conf" <<CONF
+[global]
+fsid = $FSID
+mon host = $MON_ADDR
+public addr = 127.0.0.1
+cluster addr = 127.0.0.1
+public network = 127.0.0.0/8
+ms bind ipv6 = false
+keyring = $D/ceph.client.admin.keyring
+run dir = $D/run
+pid file = $D/run/\$name.pid
+log file = $D/log/\$name.log
+admin socket = $D/run/\$cluster-\$name.\$pid.asok
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg num = 8
+osd pool default pg autoscale mode = off
+osd crush chooseleaf type = 0
+mon allow pool size one = true
+mon allow pool delete = true
+mon warn on pool no redundancy = false
+mon data avail warn = 2
+mon data avail crit = 1
+auth allow insecure global id reclaim = false
+mon warn on insecure global id reclaim allowed = false
+mgr initial modules = iostat
+[mon]
+mon data = $D/mon.\$id
+admin socket = $D/run/\$cluster-\$name.asok
+[mgr]
+mgr data = $D/mgr.\$id
+keyring = $D/mgr.\$id/keyring
+admin socket = $D/run/\$cluster-\$name.asok
+[osd]
+osd data = $D/osd.\$id
+keyring = $D/osd.\$id/keyring
+osd objectstore = memstore
+memstore device bytes = $OSD_BYTES
+admin socket = $D/run/\$cluster-\$name.asok
+CONF
+export CEPH_CONF=$D/ceph.conf
+step "config written (fsid $FSID, mon $MON_ADDR)"
+
+ceph-authtool --create-keyring "$D/mon.keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
+ceph-authtool --create-keyring "$D/ceph.client.admin.keyring" --gen-key -n client.admin \
+  --cap mon 'allow *' --cap osd 'allow *' --cap mds 'allow *' --cap mgr 'allow *' >/dev/null
+ceph-authtool "$D/mon.keyring" --import-keyring "$D/ceph.client.admin.keyring" >/dev/null
+monmaptool --create --fsid "$FSID" --addv a "$MON_ADDR" "$D/monmap" >/dev/null
+ceph-mon --mkfs -i a --monmap "$D/monmap" --keyring "$D/mon.keyring"
+ceph-mon -i a
+for _ in $(seq 1 60); do ceph --connect-timeout 2 mon stat >/dev/null 2>&1 && break; sleep 0.25; done
+ceph --connect-timeout 5 mon stat >/dev/null
+step "mon.a up"
+
+ceph config set mgr mgr/devicehealth/enable_monitoring false --force >/dev/null 2>&1 # no device_health_metrics pool
+ceph auth get-or-create mgr.x mon 'allow profile mgr' osd 'allow *' mds 'allow *' > "$D/mgr.x/keyring"
+ceph-mgr -i x
+step "mgr.x started"
+
+OSD_UUID=$(uuidgen)
+OSD_KEY=$(ceph-authtool --gen-print-key)
+OSD_ID=$(echo "{\"cephx_secret\": \"$OSD_KEY\"}" | ceph osd new "$OSD_UUID" -i -)
+[ "$OSD_ID" = 0 ] || { echo "ceph-up.sh: unexpected osd id $OSD_ID" >&2; exit 1; }
+ceph-authtool --create-keyring "$D/osd.0/keyring" -n osd.0 --add-key "$OSD_KEY" >/dev/null
+ceph-osd -i 0 --mkfs --osd-uuid "$OSD_UUID" >"$D/log/osd.0.mkfs.log" 2>&1
+ceph-osd -i 0 2>>"$D/log/osd.0.stderr"
+for _ in $(seq 1 120); do ceph osd dump 2>/dev/null | grep -q '^osd.0 up' && break; sleep 0.25; done
+ceph osd dump | grep -q '^osd.0 up' || { echo "ceph-up.sh: osd.0 did not come up (see $D/log)" >&2; exit 1; }
+step "osd.0 up"
+
+for pool in "$@"; do
+  ceph osd pool create "$pool" 8 8 >/dev/null 2>&1
+  ceph osd pool application enable "$pool" rbd >/dev/null
+  step "pool $pool created"
+done
+# ceph df (pool capacity) needs an active mgr.
+for _ in $(seq 1 120); do ceph mgr stat 2>/dev/null | grep -q '"available": true' && break; sleep 0.25; done
+ceph mgr stat | grep -q '"available": true' || { echo "ceph-up.sh: mgr.x did not become available (see $D/log)" >&2; exit 1; }
+step "mgr active; done. export CEPH_CONF=$D/ceph.conf"

@@ -1,0 +1,175 @@
+package rbd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// The CSI secret keys that carry cephx credentials, as ceph-csi names them:
+// the user without its "client." prefix, and its base64 key.
+const (
+	SecretUserID  = "userID"
+	SecretUserKey = "userKey"
+)
+
+// callTimeout bounds every call to the cluster. A stale lock makes
+// "rbd rm" wait forever, and an unreachable monitor makes every client
+// retry for minutes; neither may hang an RPC.
+const callTimeout = 30 * time.Second
+
+// cluster runs the rbd and ceph CLIs against one instance's cluster.
+type cluster struct {
+	cfg     Config
+	run     *command.Runner
+	keyRoot string // parent of the per-call key directories ("" = os.TempDir())
+}
+
+// credentials is one call's cephx identity: the user and a file holding
+// the key. cleanup removes what was written.
+type credentials struct {
+	user    string
+	keyFile string
+	cleanup func()
+}
+
+// credentialsFor picks the request's secrets, or else the instance's own
+// identity. The key from the secrets is written to a 0600 file in a fresh
+// 0700 directory, named on the command line with --keyfile and removed when
+// the call ends: a key never appears in argv (readable by anyone in ps) nor
+// in an environment, a log line or an error.
+func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
+	s := backend.SecretsFrom(ctx)
+	user, key := s[SecretUserID], s[SecretUserKey]
+	switch {
+	case user != "" && key != "":
+		if !userIDRe.MatchString(user) {
+			return nil, errdefs.InvalidArgument("CSI secret %s is not a cephx user name (without the \"client.\" prefix)", SecretUserID)
+		}
+		dir, err := os.MkdirTemp(c.keyRoot, "spindle-rbd-key-")
+		if err != nil {
+			return nil, fmt.Errorf("create a private directory for the cephx key: %w", err)
+		}
+		file := filepath.Join(dir, "key")
+		if err := os.WriteFile(file, []byte(key), 0o600); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("write the cephx key file: %w", err)
+		}
+		return &credentials{user: user, keyFile: file, cleanup: func() { _ = os.RemoveAll(dir) }}, nil
+	case user != "" || key != "":
+		return nil, errdefs.InvalidArgument("CSI secrets name %s without %s: both are needed", presentKey(s), missingKey(s))
+	case c.cfg.UserID != "":
+		return &credentials{user: c.cfg.UserID, keyFile: c.cfg.KeyFile, cleanup: func() {}}, nil
+	case c.cfg.ConfigFile != "":
+		// The config file's own keyring, if it names one.
+		return &credentials{cleanup: func() {}}, nil
+	}
+	return nil, errdefs.Precondition("no cephx credentials for %s: the request carries no CSI secrets %s and %s, and the backend config names no userID and keyFile", c.cfg.Pool, SecretUserID, SecretUserKey)
+}
+
+func presentKey(s backend.Secrets) string {
+	if s[SecretUserID] != "" {
+		return SecretUserID
+	}
+	return SecretUserKey
+}
+
+func missingKey(s backend.Secrets) string {
+	if s[SecretUserID] == "" {
+		return SecretUserID
+	}
+	return SecretUserKey
+}
+
+// connArgs are the arguments that point a Ceph CLI at the cluster as cred.
+func (c *cluster) connArgs(cred *credentials) []string {
+	conf := c.cfg.ConfigFile
+	if conf == "" {
+		conf = "/dev/null"
+	}
+	args := []string{"-c", conf}
+	if len(c.cfg.Monitors) > 0 {
+		args = append(args, "-m", strings.Join(c.cfg.Monitors, ","))
+	}
+	if cred.user != "" {
+		args = append(args, "--id", cred.user, "--keyfile", cred.keyFile)
+	}
+	return args
+}
+
+// rbd runs "rbd <args> <connection args>" and returns its stdout.
+func (c *cluster) rbd(ctx context.Context, args ...string) ([]byte, error) {
+	return c.cli(ctx, "rbd", args...)
+}
+
+// ceph runs "ceph <args> <connection args>".
+func (c *cluster) ceph(ctx context.Context, args ...string) ([]byte, error) {
+	return c.cli(ctx, "ceph", args...)
+}
+
+func (c *cluster) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cred, err := c.credentialsFor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cred.cleanup()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	out, err := c.run.Run(ctx, name, append(args, c.connArgs(cred)...)...)
+	return out, classify(err)
+}
+
+// rbdJSON runs rbd with --format json and decodes its output into v.
+func (c *cluster) rbdJSON(ctx context.Context, v any, args ...string) error {
+	out, err := c.rbd(ctx, append(args, "--format", "json")...)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		return fmt.Errorf("rbd %s: cannot parse its JSON output %.200q: %w", strings.Join(args, " "), out, err)
+	}
+	return nil
+}
+
+// Exit statuses of the Ceph CLIs: the negated errno of the failure.
+const (
+	exitENOENT    = 2
+	exitEBUSY     = 16
+	exitEEXIST    = 17
+	exitENOSPC    = 28
+	exitENOTEMPTY = 39
+	exitEDQUOT    = 122
+)
+
+// classify gives a CLI failure its errdefs kind. The message keeps the
+// command line (no secret is ever on it) and stderr.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errdefs.KindOf(err) != nil {
+		return err
+	}
+	switch command.ExitCode(err) {
+	case exitENOENT:
+		return errdefs.Wrap(errdefs.ErrNotFound, err, "not found")
+	case exitEEXIST:
+		return errdefs.Wrap(errdefs.ErrAlreadyExists, err, "already exists")
+	case exitENOSPC, exitEDQUOT:
+		return errdefs.Wrap(errdefs.ErrExhausted, err, "the pool is full or over its quota")
+	case -1:
+		if errors.Is(err, context.DeadlineExceeded) {
+			return errdefs.Wrap(errdefs.ErrUnavailable, err, "the Ceph cluster did not answer in time")
+		}
+	}
+	return err
+}

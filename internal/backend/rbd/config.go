@@ -1,0 +1,172 @@
+package rbd
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Type is the backend name in volume IDs and in the config.
+const Type = "rbd"
+
+// Mounters: how a node turns an image into a block device.
+const (
+	// MounterKRBD maps with the kernel's rbd driver ("rbd device map").
+	MounterKRBD = "krbd"
+	// MounterNBD maps through rbd-nbd and the kernel's nbd driver.
+	MounterNBD = "rbd-nbd"
+	// MounterFuse exposes the image as a file with rbd-fuse and binds a
+	// loop device to it, for nodes with neither kernel module.
+	MounterFuse = "rbd-fuse"
+)
+
+// Defaults of Config.
+const (
+	DefaultImageFeatures = "layering"
+	DefaultMaxCloneDepth = 4
+	DefaultFuseDir       = "/run/spindle/rbd-fuse"
+)
+
+// Config is one rbd instance of the config file:
+//
+//   - type: rbd
+//     name: ceph-a
+//     rbd:
+//     clusterID: ceph-a
+//     monitors: ["10.0.0.1:3300", "10.0.0.2:3300"]
+//     pool: kube
+//     mounter: krbd
+type Config struct {
+	// ClusterID names the Ceph cluster to operators (publish_context, logs).
+	ClusterID string `json:"clusterID"`
+	// Monitors are the monitor addresses ("host:port", "v2:host:port").
+	// At least one, unless ConfigFile names them.
+	Monitors []string `json:"monitors,omitempty"`
+	// Pool holds every image of the instance.
+	Pool string `json:"pool"`
+	// ConfigFile is an optional ceph.conf; without it the rbd CLI reads
+	// none (-c /dev/null) and everything comes from here.
+	ConfigFile string `json:"configFile,omitempty"`
+	// UserID and KeyFile are the controller's own cephx identity, used for
+	// the calls that CSI sends without secrets (ListVolumes, GetCapacity,
+	// ControllerGetVolume, probes). KeyFile holds the key (e.g. a mounted
+	// Kubernetes Secret). Requests that carry the CSI secrets userID and
+	// userKey always use those.
+	UserID  string `json:"userID,omitempty"`
+	KeyFile string `json:"keyFile,omitempty"`
+	// ImageFeatures for new images ("layering", the default, is what every
+	// krbd since Linux 3.10 maps).
+	ImageFeatures string `json:"imageFeatures,omitempty"`
+	// Mounter is krbd (the default), rbd-nbd or rbd-fuse.
+	Mounter string `json:"mounter,omitempty"`
+	// MapOptions are passed to "rbd device map -o" (krbd, rbd-nbd).
+	MapOptions string `json:"mapOptions,omitempty"`
+	// MaxCloneDepth: a clone whose parent chain would be deeper than this
+	// is flattened at creation (default 4).
+	MaxCloneDepth int `json:"maxCloneDepth,omitempty"`
+	// MaxProvisionedBytes caps the total size of the instance's images
+	// (0: only the pool's space limits it).
+	MaxProvisionedBytes int64 `json:"maxProvisionedBytes,omitempty"`
+	// Fencing: when a single-node volume is published read-write to a node
+	// while nobody holds it but the image still has watchers (the node that
+	// had it was lost and force-detached), blocklist those watchers' client
+	// addresses ("ceph osd blocklist add") before handing the volume over.
+	// Off by default: without it such a publish succeeds and the new node
+	// refuses to map the image until the watchers are gone.
+	Fencing bool `json:"fencing,omitempty"`
+	// FuseDir is where rbd-fuse mounts live on the node (rbd-fuse mounter).
+	FuseDir string `json:"fuseDir,omitempty"`
+	// NodeRegistry: node plugins register themselves (node ID, attach
+	// limit) in the omap of the RADOS object "spindle.nodes" in the pool,
+	// with the config's userID + keyFile (NodeGetInfo carries no secrets),
+	// and ControllerPublish refuses a node that never registered
+	// (NOT_FOUND) and enforces its MaxVolumesPerNode. Without it any valid
+	// node ID may be published to.
+	NodeRegistry bool `json:"nodeRegistry,omitempty"`
+}
+
+var (
+	poolRe       = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
+	clusterIDRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	userIDRe     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	monitorRe    = regexp.MustCompile(`^(v[12]:)?[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?$`)
+	mapOptionsRe = regexp.MustCompile(`^[A-Za-z0-9_=,.:-]*$`)
+	featuresRe   = regexp.MustCompile(`^[a-z-]+(,[a-z-]+)*$`)
+)
+
+// withDefaults returns c with the defaults filled in.
+func (c Config) withDefaults() Config {
+	if c.ImageFeatures == "" {
+		c.ImageFeatures = DefaultImageFeatures
+	}
+	if c.Mounter == "" {
+		c.Mounter = MounterKRBD
+	}
+	if c.MaxCloneDepth == 0 {
+		c.MaxCloneDepth = DefaultMaxCloneDepth
+	}
+	if c.FuseDir == "" {
+		c.FuseDir = DefaultFuseDir
+	}
+	return c
+}
+
+// Validate reports every problem of the section; where prefixes each
+// ("backends[2].rbd").
+func (c Config) Validate(where string) []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s.%s: %s", where, field, fmt.Sprintf(format, args...)))
+	}
+	if !clusterIDRe.MatchString(c.ClusterID) {
+		bad("clusterID", "%q must be 1-64 letters, digits, '.', '_' or '-'", c.ClusterID)
+	}
+	if !poolRe.MatchString(c.Pool) {
+		bad("pool", "%q is not a pool name (letters, digits, '.', '_', '-')", c.Pool)
+	}
+	if len(c.Monitors) == 0 && c.ConfigFile == "" {
+		bad("monitors", "name at least one monitor (or a configFile that does)")
+	}
+	for i, m := range c.Monitors {
+		if !monitorRe.MatchString(m) || strings.Contains(m, ",") {
+			bad(fmt.Sprintf("monitors[%d]", i), "%q is not a monitor address (host:port or v2:host:port)", m)
+		}
+	}
+	if c.ConfigFile != "" && !filepath.IsAbs(c.ConfigFile) {
+		bad("configFile", "%q must be an absolute path", c.ConfigFile)
+	}
+	if (c.UserID == "") != (c.KeyFile == "") {
+		bad("userID", "userID and keyFile go together (got userID %q, keyFile %q)", c.UserID, c.KeyFile)
+	}
+	if c.UserID != "" && !userIDRe.MatchString(c.UserID) {
+		bad("userID", "%q is not a cephx user name (without the \"client.\" prefix)", c.UserID)
+	}
+	if c.KeyFile != "" && !filepath.IsAbs(c.KeyFile) {
+		bad("keyFile", "%q must be an absolute path", c.KeyFile)
+	}
+	if c.ImageFeatures != "" && !featuresRe.MatchString(c.ImageFeatures) {
+		bad("imageFeatures", "%q must be a comma-separated list of features such as layering", c.ImageFeatures)
+	}
+	switch c.Mounter {
+	case "", MounterKRBD, MounterNBD, MounterFuse:
+	default:
+		bad("mounter", "%q is not one of %s, %s, %s", c.Mounter, MounterKRBD, MounterNBD, MounterFuse)
+	}
+	if !mapOptionsRe.MatchString(c.MapOptions) {
+		bad("mapOptions", "%q may hold only letters, digits and _=,.:-", c.MapOptions)
+	}
+	if c.MaxCloneDepth < 0 || c.MaxCloneDepth > 14 {
+		bad("maxCloneDepth", "%d must be between 1 and 14 (0 means the default %d)", c.MaxCloneDepth, DefaultMaxCloneDepth)
+	}
+	if c.MaxProvisionedBytes < 0 {
+		bad("maxProvisionedBytes", "must not be negative")
+	}
+	if c.NodeRegistry && c.UserID == "" {
+		bad("nodeRegistry", "needs userID and keyFile: node plugins register without CSI secrets")
+	}
+	if c.FuseDir != "" && !filepath.IsAbs(c.FuseDir) {
+		bad("fuseDir", "%q must be an absolute path", c.FuseDir)
+	}
+	return errs
+}

@@ -1,0 +1,254 @@
+package rbd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spindle-csi/spindle/internal/command"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Keys of the publish_context: what a node needs to map the image (never a
+// key: the node gets its credentials from the NodeStage secrets). The
+// read-only flag travels as backend.ContextReadOnly.
+const (
+	ContextClusterID  = "clusterID"
+	ContextMonitors   = "monitors"
+	ContextPool       = "pool"
+	ContextImage      = "image"
+	ContextMounter    = "mounter"
+	ContextMapOptions = "mapOptions"
+)
+
+// Exporter records attachments in the image metadata (spindle.attachments).
+type Exporter struct {
+	s *Store
+}
+
+var _ backend.Exporter = (*Exporter)(nil)
+
+// SupportsAccess implements backend.Exporter. An RBD image holds one
+// filesystem that one kernel caches: writable from one node, shared
+// read-only. (Multi-node writers need a cluster filesystem; block-mode
+// multi-writer is left out until a user needs it.)
+func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
+	switch {
+	case t != backend.AccessMount && t != backend.AccessBlock:
+		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
+	case m.SingleNode(), m == backend.MultiNodeReaderOnly:
+		return nil
+	case m == backend.MultiNodeSingleWriter || m == backend.MultiNodeMultiWriter:
+		return errdefs.InvalidArgument("access mode %s is not supported by the rbd backend: an image is written from one node at a time", m)
+	default:
+		return errdefs.InvalidArgument("access mode %q is not supported by the rbd backend", m)
+	}
+}
+
+// Publish implements backend.Exporter.
+func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
+	s := e.s
+	image, err := s.imageOf(imageID, volumePrefix, "volume")
+	if err != nil {
+		return nil, err
+	}
+	defer s.locks.lock(image)()
+	img, _, err := s.getImage(ctx, imageID)
+	if err != nil {
+		return nil, err
+	}
+	node, err := s.lookupNode(ctx, att.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	already, err := backend.Admit(img, att)
+	if err != nil {
+		return nil, err
+	}
+	if !already {
+		if node.MaxVolumesPerNode > 0 {
+			// Two publishes racing for a node's last slot count one after the other.
+			s.limitMu.Lock()
+			defer s.limitMu.Unlock()
+		}
+		if err := s.checkNodeLimit(ctx, node, imageID); err != nil {
+			return nil, err
+		}
+		if s.cfg.Fencing && att.AccessMode.SingleNode() && !att.ReadOnly && len(img.Attachments) == 0 {
+			if err := s.fence(ctx, image, att.NodeID); err != nil {
+				return nil, err
+			}
+		}
+		img.Attachments = append(img.Attachments, att)
+		if err := s.setMeta(ctx, image, map[string]string{metaAttachments: mustJSON(img.Attachments)}); err != nil {
+			return nil, err
+		}
+	}
+	readOnly := att.ReadOnly
+	for _, a := range img.Attachments {
+		if a.NodeID == att.NodeID {
+			readOnly = a.ReadOnly
+		}
+	}
+	opts := s.cfg.MapOptions
+	if v, ok := img.MutableParameters[MutableParamMapOptions]; ok {
+		opts = v
+	}
+	return map[string]string{
+		ContextClusterID:        s.cfg.ClusterID,
+		ContextMonitors:         strings.Join(s.cfg.Monitors, ","),
+		ContextPool:             s.cfg.Pool,
+		ContextImage:            image,
+		ContextMounter:          s.cfg.Mounter,
+		ContextMapOptions:       opts,
+		backend.ContextReadOnly: strconv.FormatBool(readOnly),
+	}, nil
+}
+
+// fence blocklists the clients that still have image open while no node
+// holds it: the node that had it was lost and the volume was force-detached
+// from it (Kubernetes' non-graceful node shutdown). Until the blocklist
+// entry expires (an hour, Ceph's default) those clients can no longer
+// write to any image, so the new node cannot be corrupted by the old one.
+func (s *Store) fence(ctx context.Context, image, newNode string) error {
+	addrs, err := s.watchers(ctx, image)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		if _, err := s.c.ceph(ctx, "osd", "blocklist", "add", a); err != nil {
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "fencing: cannot blocklist client %s that still has image %s open before publishing it to node %q", a, s.spec(image), newNode)
+		}
+	}
+	return nil
+}
+
+// Unpublish implements backend.Exporter.
+func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {
+	s := e.s
+	image, err := s.imageOf(imageID, volumePrefix, "volume")
+	if err != nil {
+		return nil
+	}
+	defer s.locks.lock(image)()
+	img, _, err := s.getImage(ctx, imageID)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil // a deleted volume has no attachments left to revoke
+	}
+	if err != nil {
+		return err
+	}
+	rest, found := backend.Detached(img.Attachments, nodeID)
+	if !found {
+		return nil
+	}
+	v := ""
+	if len(rest) > 0 {
+		v = mustJSON(rest)
+	}
+	return s.setMeta(ctx, image, map[string]string{metaAttachments: v})
+}
+
+// nodeRegistryObject is the RADOS object whose omap holds the registered
+// nodes (Config.NodeRegistry), one key per node ID, a JSON NodeInfo each.
+const nodeRegistryObject = "spindle.nodes"
+
+// RegisterNode records a node in this process and, with NodeRegistry, in
+// the pool. Without NodeRegistry the in-process record lets a controller
+// in the same process as the node plugin (--mode=all) enforce
+// MaxVolumesPerNode; a separate controller relies on the scheduler, which
+// reads the same limit from NodeGetInfo.
+func (s *Store) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
+	s.nodesMu.Lock()
+	if s.nodes == nil {
+		s.nodes = map[string]backend.NodeInfo{}
+	}
+	s.nodes[info.NodeID] = info
+	s.nodesMu.Unlock()
+	if !s.cfg.NodeRegistry {
+		return nil
+	}
+	_, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "setomapval", nodeRegistryObject, info.NodeID, mustJSON(info))
+	return err
+}
+
+// lookupNode returns what is known of a node: from the pool's registry
+// (ErrNotFound when it never registered), or else this process's record
+// (an unknown node is accepted, without a limit).
+func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo, error) {
+	if !s.cfg.NodeRegistry {
+		s.nodesMu.Lock()
+		defer s.nodesMu.Unlock()
+		return s.nodes[nodeID], nil
+	}
+	dir, err := os.MkdirTemp(s.c.keyRoot, "spindle-rbd-node-")
+	if err != nil {
+		return backend.NodeInfo{}, err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "value")
+	if _, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "getomapval", nodeRegistryObject, nodeID, out); err != nil {
+		// A missing key: exit 1, "No such key: ..." on stdout and nothing
+		// on stderr; a missing object: "(2) No such file or directory".
+		if stderr := command.Stderr(err); command.ExitCode(err) == 1 && (stderr == "" || strings.Contains(stderr, "No such key") || strings.Contains(stderr, "No such file or directory")) {
+			return backend.NodeInfo{}, errdefs.NotFound("node %q is not registered with %s (its node plugin has not started, or cannot reach pool %s)", nodeID, s.key, s.cfg.Pool)
+		}
+		return backend.NodeInfo{}, err
+	}
+	var info backend.NodeInfo
+	b, err := os.ReadFile(out)
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	if err != nil {
+		return backend.NodeInfo{}, fmt.Errorf("node %q in the registry of %s: %w", nodeID, s.key, err)
+	}
+	return info, nil
+}
+
+// checkNodeLimit refuses a publish beyond a node's limit, counting the
+// instance's volumes published to it.
+func (s *Store) checkNodeLimit(ctx context.Context, node backend.NodeInfo, imageID string) error {
+	limit, nodeID := node.MaxVolumesPerNode, node.NodeID
+	if limit <= 0 {
+		return nil
+	}
+	imgs, err := s.listUnlocked(ctx, imageID)
+	if err != nil {
+		return err
+	}
+	var n int64
+	for _, img := range imgs {
+		for _, a := range img.Attachments {
+			if a.NodeID == nodeID {
+				n++
+				break
+			}
+		}
+	}
+	if n >= limit {
+		return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", nodeID, n, s.key, limit)
+	}
+	return nil
+}
+
+// listUnlocked lists the volumes other than skipID.
+func (s *Store) listUnlocked(ctx context.Context, skipID string) ([]*backend.Image, error) {
+	all, err := s.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, img := range all {
+		if img.ID != skipID {
+			out = append(out, img)
+		}
+	}
+	return out, nil
+}

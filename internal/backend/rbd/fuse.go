@@ -1,0 +1,246 @@
+package rbd
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// fuseMapper exposes an image as a file with rbd-fuse and binds a loop
+// device to it: a real block device on a node without the rbd or nbd
+// kernel modules. Each image gets its own rbd-fuse mount (-r IMAGE) at
+// <fuseDir>/<instance>/<pool>/<image>, so the loop device's backing file,
+// <that dir>/<image>, says which image it is.
+type fuseMapper struct {
+	c        *cluster
+	loops    loop.Devices
+	dir      string // <fuseDir>/<instance>/<pool>
+	sysRoot  string
+	procRoot string // "/proc"
+}
+
+func (f *fuseMapper) mountDir(image string) string { return filepath.Join(f.dir, image) }
+func (f *fuseMapper) file(image string) string     { return filepath.Join(f.dir, image, image) }
+
+// Map mounts the image with rbd-fuse (unless it is mounted) and binds a
+// loop device to its file. rbd-fuse takes its cluster and credentials from
+// CEPH_ARGS (its command line has only -c, -p and -r); the key stays in
+// the per-call key file, which rbd-fuse reads once when it connects.
+// attr_timeout=0 makes the file's size follow the image at once when it
+// grows (Refresh).
+func (f *fuseMapper) Map(ctx context.Context, image string, readOnly bool, _ string) (string, error) {
+	dir := f.mountDir(image)
+	mounted, err := f.mounted(dir)
+	if err != nil {
+		return "", err
+	}
+	if !mounted {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", err
+		}
+		if err := f.mount(ctx, image, dir); err != nil {
+			return "", err
+		}
+	}
+	if _, err := os.Stat(f.file(image)); err != nil {
+		return "", fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, image, err)
+	}
+	return f.loops.Attach(ctx, f.file(image), readOnly, true)
+}
+
+func (f *fuseMapper) mount(ctx context.Context, image, dir string) error {
+	cred, err := f.c.credentialsFor(ctx)
+	if err != nil {
+		return err
+	}
+	defer cred.cleanup()
+	conf := f.c.cfg.ConfigFile
+	if conf == "" {
+		conf = "/dev/null"
+	}
+	var cephArgs []string
+	if len(f.c.cfg.Monitors) > 0 {
+		cephArgs = append(cephArgs, "-m", strings.Join(f.c.cfg.Monitors, ","))
+	}
+	if cred.user != "" {
+		cephArgs = append(cephArgs, "--id", cred.user, "--keyfile", cred.keyFile)
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	_, err = f.c.run.Exec(ctx, command.Cmd{
+		Name: "rbd-fuse",
+		Args: []string{"-c", conf, "-p", f.c.cfg.Pool, "-r", image, dir, "-o", "attr_timeout=0,entry_timeout=0"},
+		Env:  []string{"CEPH_ARGS=" + strings.Join(cephArgs, " ")},
+	})
+	if err != nil {
+		return classify(err)
+	}
+	return nil
+}
+
+// mounted reports whether dir is an rbd-fuse mount.
+func (f *fuseMapper) mounted(dir string) (bool, error) {
+	file, err := os.Open(filepath.Join(f.procRoot, "self", "mountinfo"))
+	if err != nil {
+		return false, err
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(file)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		// mount point is field 5; the fs type follows the "-" separator.
+		if len(fields) < 5 || fields[4] != dir {
+			continue
+		}
+		for i, fl := range fields {
+			if fl == "-" && i+1 < len(fields) && fields[i+1] == "fuse.rbd-fuse" {
+				return true, nil
+			}
+		}
+	}
+	return false, sc.Err()
+}
+
+// Unmap detaches the loop device and, when no other device uses the file,
+// unmounts rbd-fuse and waits for it to exit, so that its watch on the
+// image is gone before the volume moves to another node.
+func (f *fuseMapper) Unmap(ctx context.Context, image, dev string) error {
+	if err := f.loops.Detach(ctx, dev); err != nil {
+		return err
+	}
+	// losetup -d on a device someone holds open only arms autoclear.
+	deadline := time.Now().Add(time.Second)
+	for {
+		d, err := f.loops.Get(ctx, dev)
+		if errdefs.KindOf(err) == errdefs.ErrNotFound || err == nil && d.BackingFile != f.file(image) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Precondition("loop device %s of image %s is still held open by a process; it will be released when that process closes it", dev, image)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rest, err := f.loops.BoundTo(ctx, f.file(image))
+	if err != nil || len(rest) > 0 {
+		return err
+	}
+	return f.unmount(ctx, f.mountDir(image))
+}
+
+func (f *fuseMapper) unmount(ctx context.Context, dir string) error {
+	mounted, err := f.mounted(dir)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		pid := f.fusePID(dir)
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		if _, err := f.c.run.Run(ctx, "umount", dir); err != nil && !strings.Contains(command.Stderr(err), "not mounted") {
+			return err
+		}
+		if pid != "" {
+			f.awaitExit(ctx, pid)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// fusePID finds the rbd-fuse process serving dir ("" when none).
+func (f *fuseMapper) fusePID(dir string) string {
+	entries, _ := os.ReadDir(f.procRoot)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(f.procRoot, e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 0 && filepath.Base(args[0]) == "rbd-fuse" {
+			for _, a := range args {
+				if a == dir {
+					return e.Name()
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// awaitExit waits (up to 10 s) until the process is gone or a zombie: it
+// closes the image, and with it its watch, on its way out.
+func (f *fuseMapper) awaitExit(ctx context.Context, pid string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		b, err := os.ReadFile(filepath.Join(f.procRoot, pid, "stat"))
+		if err != nil {
+			return
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && strings.HasPrefix(string(b[i+1:]), " Z") {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Mapped lists the loop devices bound to the image's rbd-fuse file.
+func (f *fuseMapper) Mapped(ctx context.Context, image string) ([]mapped, error) {
+	devs, err := f.loops.BoundTo(ctx, f.file(image))
+	if err != nil {
+		return nil, err
+	}
+	var out []mapped
+	for _, d := range devs {
+		if !d.Deleted && !d.AutoClear {
+			out = append(out, mapped{Device: d.Path, Image: image, ReadOnly: d.ReadOnly})
+		}
+	}
+	return out, nil
+}
+
+// Identify reads the loop device's backing file: it must be
+// <dir>/<image>/<image> and <dir>/<image> an rbd-fuse mount.
+func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) {
+	d, err := f.loops.Get(ctx, dev)
+	if err != nil {
+		return nil, err
+	}
+	image := filepath.Base(d.BackingFile)
+	if d.Deleted || d.BackingFile != f.file(image) {
+		return nil, errdefs.NotFound("%s is bound to %q, not to an rbd-fuse file under %s", dev, d.BackingFile, f.dir)
+	}
+	if ok, err := f.mounted(f.mountDir(image)); err != nil || !ok {
+		return nil, errdefs.NotFound("%s is bound to %s, but %s is not an rbd-fuse mount", dev, d.BackingFile, f.mountDir(image))
+	}
+	return &mapped{Device: d.Path, Image: image, ReadOnly: d.ReadOnly}, nil
+}
+
+// Refresh has the loop driver re-read the file's size, which rbd-fuse
+// (attr_timeout=0) reports from the image at once.
+func (f *fuseMapper) Refresh(ctx context.Context, dev string) (int64, error) {
+	if err := f.loops.SetCapacity(ctx, dev); err != nil {
+		return 0, err
+	}
+	return f.loops.Size(dev)
+}
+
+// Available: FUSE, rbd-fuse and loop devices are there.
+func (f *fuseMapper) Available() error {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return errdefs.Precondition("this node cannot map RBD images with rbd-fuse: /dev/fuse is missing")
+	}
+	return f.loops.Available()
+}

@@ -1,0 +1,256 @@
+package rbd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// kernelMapper maps with "rbd device map": through the kernel's rbd driver
+// (krbd) or, with nbd set, through rbd-nbd and the kernel's nbd driver.
+type kernelMapper struct {
+	c       *cluster
+	nbd     bool
+	sysRoot string // "/sys"
+}
+
+// module is the kernel module the mapper needs.
+func (k *kernelMapper) module() string {
+	if k.nbd {
+		return "nbd"
+	}
+	return "rbd"
+}
+
+func (k *kernelMapper) typeArgs() []string {
+	if k.nbd {
+		return []string{"-t", "nbd"}
+	}
+	return nil
+}
+
+// Map runs "rbd device map". A node without the kernel module fails with
+// texts like krbd's "rbd: failed to load rbd kernel module (127)" / "rbd:
+// map failed: (2) No such file or directory", or rbd-nbd's "rbd-nbd:
+// failed to find unused device": a precondition naming the module.
+func (k *kernelMapper) Map(ctx context.Context, image string, readOnly bool, options string) (string, error) {
+	args := append([]string{"device", "map"}, k.typeArgs()...)
+	if readOnly {
+		args = append(args, "--read-only")
+	}
+	if options != "" {
+		args = append(args, "-o", options)
+	}
+	args = append(args, k.c.cfg.Pool+"/"+image)
+	out, err := k.c.rbd(ctx, args...)
+	if err != nil {
+		stderr := command.Stderr(err)
+		if strings.Contains(stderr, "kernel module") || strings.Contains(stderr, "modprobe") || strings.Contains(stderr, "failed to find unused device") {
+			return "", errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s: the %q kernel module is not available; use another mounter (rbd-fuse needs none)", k.name(), k.module())
+		}
+		return "", err
+	}
+	dev := strings.TrimSpace(string(out))
+	if !strings.HasPrefix(dev, "/dev/") {
+		return "", fmt.Errorf("rbd device map printed %q, not a device", dev)
+	}
+	return dev, nil
+}
+
+func (k *kernelMapper) name() string {
+	if k.nbd {
+		return MounterNBD
+	}
+	return MounterKRBD
+}
+
+// Unmap runs "rbd device unmap"; no credentials needed. A device that is
+// no longer mapped ("not a mapped image or snapshot", "is not a block
+// device") is done.
+func (k *kernelMapper) Unmap(ctx context.Context, _, dev string) error {
+	args := append(append([]string{"device", "unmap"}, k.typeArgs()...), dev)
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	_, err := k.c.run.Run(ctx, "rbd", args...)
+	if err != nil {
+		stderr := command.Stderr(err)
+		if strings.Contains(stderr, "not a mapped image") || strings.Contains(stderr, "is not a block device") || strings.Contains(stderr, "No such file or directory") {
+			return nil
+		}
+		if strings.Contains(stderr, "Device or resource busy") {
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s is still in use", dev)
+		}
+		return err
+	}
+	return nil
+}
+
+// Mapped lists the image's devices: from /sys/bus/rbd for krbd, from
+// "rbd device list -t nbd" for rbd-nbd.
+func (k *kernelMapper) Mapped(ctx context.Context, image string) ([]mapped, error) {
+	all, err := k.all(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []mapped
+	for _, m := range all {
+		if m.Image == image {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// Identify finds dev among the mapped devices of the instance's pool.
+func (k *kernelMapper) Identify(ctx context.Context, dev string) (*mapped, error) {
+	all, err := k.all(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range all {
+		if m.Device == dev {
+			return &m, nil
+		}
+	}
+	return nil, errdefs.NotFound("%s is not an %s device of pool %s", dev, k.name(), k.c.cfg.Pool)
+}
+
+// all lists the devices mapped from the instance's pool (head revision,
+// not snapshots).
+func (k *kernelMapper) all(ctx context.Context) ([]mapped, error) {
+	if k.nbd {
+		return k.nbdList(ctx)
+	}
+	return k.krbdList()
+}
+
+// krbdList reads /sys/bus/rbd/devices/<N>/{pool,name,current_snap}; the
+// device is /dev/rbd<N>. No command, so identity checks cost no fork.
+func (k *kernelMapper) krbdList() ([]mapped, error) {
+	root := filepath.Join(k.sysRoot, "bus", "rbd", "devices")
+	entries, err := os.ReadDir(root)
+	if os.IsNotExist(err) {
+		return nil, nil // no rbd module: nothing mapped
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []mapped
+	for _, e := range entries {
+		id := e.Name()
+		if _, err := strconv.Atoi(id); err != nil {
+			continue
+		}
+		attr := func(name string) (string, error) {
+			b, err := os.ReadFile(filepath.Join(root, id, name))
+			return strings.TrimSpace(string(b)), err
+		}
+		pool, err1 := attr("pool")
+		name, err2 := attr("name")
+		snap, err3 := attr("current_snap")
+		if os.IsNotExist(err1) || os.IsNotExist(err2) {
+			continue // unmapped while we read
+		}
+		if err := errorsJoin(err1, err2); err != nil {
+			return nil, err
+		}
+		if pool != k.c.cfg.Pool || (err3 == nil && snap != "-") {
+			continue
+		}
+		m := mapped{Device: "/dev/rbd" + id, Image: name}
+		if ro, err := os.ReadFile(filepath.Join(k.sysRoot, "block", "rbd"+id, "ro")); err == nil {
+			m.ReadOnly = strings.TrimSpace(string(ro)) == "1"
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func errorsJoin(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nbdDevice is one entry of "rbd device list -t nbd --format json".
+type nbdDevice struct {
+	Pool   string `json:"pool"`
+	Name   string `json:"name"`
+	Image  string `json:"image"`
+	Snap   string `json:"snap"`
+	Device string `json:"device"`
+}
+
+func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	out, err := k.c.run.Run(ctx, "rbd", "device", "list", "-t", "nbd", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var list []nbdDevice
+	if err := json.Unmarshal(out, &list); err != nil {
+		return nil, fmt.Errorf("rbd device list -t nbd: cannot parse its JSON output %.200q: %w", out, err)
+	}
+	var res []mapped
+	for _, d := range list {
+		name := d.Name
+		if name == "" {
+			name = d.Image
+		}
+		if d.Pool != k.c.cfg.Pool || (d.Snap != "" && d.Snap != "-") {
+			continue
+		}
+		m := mapped{Device: d.Device, Image: name}
+		if ro, err := os.ReadFile(filepath.Join(k.sysRoot, "block", filepath.Base(d.Device), "ro")); err == nil {
+			m.ReadOnly = strings.TrimSpace(string(ro)) == "1"
+		}
+		res = append(res, m)
+	}
+	return res, nil
+}
+
+// Refresh: krbd and rbd-nbd watch the image header and resize the device
+// themselves when the image grows; Refresh reads the size the kernel has.
+func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
+	return blockSize(k.sysRoot, dev)
+}
+
+// blockSize reads /sys/block/<dev>/size, which counts 512-byte sectors.
+func blockSize(sysRoot, dev string) (int64, error) {
+	path := filepath.Join(sysRoot, "block", filepath.Base(dev), "size")
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return 0, errdefs.NotFound("device %s does not exist", dev)
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return n * 512, nil
+}
+
+// Available: the kernel module is loaded (this process cannot load one).
+func (k *kernelMapper) Available() error {
+	dir := filepath.Join(k.sysRoot, "bus", "rbd")
+	if k.nbd {
+		dir = filepath.Join(k.sysRoot, "module", "nbd")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return errdefs.Precondition("this node cannot map RBD images with %s: the %q kernel module is not loaded (%s is missing); use another mounter (rbd-fuse needs none)", k.name(), k.module(), dir)
+	}
+	return nil
+}

@@ -1,0 +1,231 @@
+package rbd
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/command/commandtest"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/testutil"
+)
+
+// The real texts of "rbd device map" on a node without the rbd module,
+// and of "rbd device map -t nbd" on one without nbd (Debian 12, Ceph 16.2.15,
+// a container with no module loading).
+const (
+	krbdNoModule = `sh: 1: /sbin/modinfo: not found
+sh: 1: /sbin/modprobe: not found
+rbd: failed to load rbd kernel module (127)
+rbd: sysfs write failed
+In some cases useful info is found in syslog - try "dmesg | tail".
+rbd: map failed: (2) No such file or directory`
+	nbdNoModule = `sh: 1: /sbin/modprobe: not found
+rbd-nbd: failed to find unused device
+rbd: rbd-nbd failed with error: /usr/bin/rbd-nbd: exit status: 1`
+	krbdNotMapped = `rbd: '/dev/rbd0' is not a block device
+rbd: unmap failed: (22) Invalid argument`
+)
+
+// conn is what every cluster call of the test config ends with: the
+// controller's own identity (userID + keyFile), no secrets in argv.
+var conn = []string{"-c", "/dev/null", "-m", "10.0.0.1:3300", "--id", "csi", "--keyfile", "/etc/spindle/ceph.key"}
+
+func with(args ...string) []string { return append(args, conn...) }
+
+// kernelInstance builds an instance on a scripted runner and a fake sysfs.
+func kernelInstance(t *testing.T, mounter string, script *commandtest.Script) (*backend.Instance, string) {
+	t.Helper()
+	sys := t.TempDir()
+	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: mounter}.withDefaults()
+	c := &cluster{cfg: cfg, run: command.New(script, nil)}
+	m := &kernelMapper{c: c, nbd: mounter == MounterNBD, sysRoot: sys}
+	return newInstance("a", c, m), sys
+}
+
+const testImage = "csi-vol-0123456789abcdef0123456789abcdef"
+
+// published is "rbd info" + "rbd image-meta list" of a volume published to node-a.
+func published() []*commandtest.Step {
+	return []*commandtest.Step{
+		commandtest.Expect("rbd", with("info", "kube/"+testImage, "--format", "json")...).
+			Prints(`{"name":"` + testImage + `","size":4194304,"features":["layering"]}`),
+		commandtest.Expect("rbd", with("image-meta", "list", "kube/"+testImage, "--format", "json")...).
+			Prints(`{"spindle.name":"pvc-1","spindle.volume":"{\"accessType\":\"mount\",\"fsType\":\"ext4\"}","spindle.attachments":"[{\"nodeID\":\"node-a\",\"accessMode\":\"SINGLE_NODE_WRITER\",\"readOnly\":false}]"}`),
+	}
+}
+
+func attachReq() backend.AttachRequest {
+	return backend.AttachRequest{ImageID: "kube/" + testImage, NodeID: "node-a", PublishContext: map[string]string{ContextPool: "kube", ContextImage: testImage}}
+}
+
+// A node without the kernel module: the exact sequence up to the map, and
+// a precondition failure that names the module.
+func TestAttachWithoutKernelModule(t *testing.T) {
+	tests := []struct {
+		mounter string
+		list    []*commandtest.Step // how the mapper lists what is mapped
+		mapCmd  []string
+		exit    int
+		stderr  string
+		module  string
+	}{
+		{MounterKRBD, nil, []string{"device", "map", "kube/" + testImage}, 2, krbdNoModule, `"rbd" kernel module`},
+		{MounterNBD, []*commandtest.Step{commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints("[]")},
+			[]string{"device", "map", "-t", "nbd", "kube/" + testImage}, 22, nbdNoModule, `"nbd" kernel module`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mounter, func(t *testing.T) {
+			steps := published()
+			steps = append(steps, tt.list...)
+			steps = append(steps,
+				commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).Prints(`{"watchers":[]}`),
+				commandtest.Expect("rbd", with(tt.mapCmd...)...).Exits(tt.exit, tt.stderr),
+			)
+			inst, _ := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
+			_, err := inst.Attacher.Attach(context.Background(), attachReq())
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, tt.module, tt.mounter)
+			testutil.WantKind(t, inst.Attacher.Probe(context.Background()), errdefs.ErrPrecondition, tt.module)
+		})
+	}
+}
+
+// Another node's client has the image open: no map is attempted.
+func TestAttachRefusesWatchedImage(t *testing.T) {
+	steps := append(published(),
+		commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).
+			Prints(`{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1}]}`),
+	)
+	inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, steps...))
+	_, err := inst.Attacher.Attach(context.Background(), attachReq())
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "10.0.0.7:0/3411306950", "watchers")
+}
+
+// writeKRBD fakes /sys/bus/rbd/devices/<id> for pool/name.
+func writeKRBD(t *testing.T, sys, id, pool, name string, ro bool) {
+	t.Helper()
+	dir := filepath.Join(sys, "bus", "rbd", "devices", id)
+	block := filepath.Join(sys, "block", "rbd"+id)
+	for _, d := range []string{dir, block} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roVal := "0"
+	if ro {
+		roVal = "1"
+	}
+	for path, v := range map[string]string{
+		filepath.Join(dir, "pool"): pool, filepath.Join(dir, "name"): name, filepath.Join(dir, "current_snap"): "-",
+		filepath.Join(block, "ro"): roVal, filepath.Join(block, "size"): "8192",
+	} {
+		if err := os.WriteFile(path, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// krbd: a mapped device is identified through sysfs, reused by Attach
+// without any map, refreshed from sysfs, and unmapped; "not mapped" is done.
+func TestKRBDSysfsIdentityAndUnmap(t *testing.T) {
+	script := commandtest.New(t, append(published(),
+		commandtest.Expect("rbd", "device", "unmap", "/dev/rbd0"),
+		commandtest.Expect("rbd", "device", "unmap", "/dev/rbd0").Exits(22, krbdNotMapped),
+	)...)
+	inst, sys := kernelInstance(t, MounterKRBD, script)
+	writeKRBD(t, sys, "0", "kube", testImage, false)
+	writeKRBD(t, sys, "1", "other-pool", testImage, false)
+	writeKRBD(t, sys, "2", "kube", "csi-vol-ffffffffffffffffffffffffffffffff", false)
+	ctx := context.Background()
+	id := "kube/" + testImage
+
+	dev, err := inst.Attacher.Attach(ctx, attachReq())
+	if err != nil || dev.Path != "/dev/rbd0" || !strings.Contains(dev.FsType, "ext4") {
+		t.Fatalf("Attach = %+v, %v; want /dev/rbd0 reused", dev, err)
+	}
+	if d, err := inst.Attacher.Identify(ctx, id, "/dev/rbd0"); err != nil || d.Path != "/dev/rbd0" {
+		t.Fatalf("Identify(/dev/rbd0) = %+v, %v", d, err)
+	}
+	for _, other := range []string{"/dev/rbd1", "/dev/rbd2", "/dev/rbd9", "/dev/sda"} {
+		_, err := inst.Attacher.Identify(ctx, id, other)
+		testutil.WantKind(t, err, errdefs.ErrNotFound, other)
+	}
+	if size, err := inst.Attacher.Refresh(ctx, id, "/dev/rbd0"); err != nil || size != 8192*512 {
+		t.Fatalf("Refresh = %d, %v; want %d", size, err, 8192*512)
+	}
+	if err := inst.Attacher.Detach(ctx, id, ""); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	// The kernel said it was gone already: still success.
+	if err := inst.Attacher.Detach(ctx, id, "/dev/rbd0"); err != nil {
+		t.Fatalf("Detach of a device that is not mapped: %v", err)
+	}
+}
+
+// rbd-nbd: devices come from "rbd device list -t nbd"; unmap by device.
+func TestNBDListAndUnmap(t *testing.T) {
+	list := `[{"id":"4242","pool":"kube","namespace":"","name":"` + testImage + `","snap":"-","device":"/dev/nbd7"},` +
+		`{"id":"4243","pool":"kube","namespace":"","name":"csi-vol-ffffffffffffffffffffffffffffffff","snap":"-","device":"/dev/nbd8"}]`
+	script := commandtest.New(t,
+		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
+		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
+		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
+		commandtest.Expect("rbd", "device", "unmap", "-t", "nbd", "/dev/nbd7"),
+	)
+	inst, _ := kernelInstance(t, MounterNBD, script)
+	ctx := context.Background()
+	id := "kube/" + testImage
+	devs, err := inst.Attacher.Devices(ctx, id)
+	if err != nil || len(devs) != 1 || devs[0].Path != "/dev/nbd7" {
+		t.Fatalf("Devices = %+v, %v; want /dev/nbd7", devs, err)
+	}
+	_, err = inst.Attacher.Identify(ctx, id, "/dev/nbd8")
+	testutil.WantKind(t, err, errdefs.ErrNotFound, "/dev/nbd8")
+	if err := inst.Attacher.Detach(ctx, id, "/dev/nbd7"); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+}
+
+// The cephx key of the request reaches the CLI only through --keyfile: a
+// 0600 file in a 0700 directory that is gone after the call, never argv.
+func TestKeyFileNeverOnCommandLine(t *testing.T) {
+	const key = "AQBsecretsecretsecretsecretsecretsecret=="
+	c := &cluster{cfg: Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube"}.withDefaults(), run: command.New(utilexec.New(), nil)}
+	ctx := backend.WithSecrets(context.Background(), map[string]string{SecretUserID: "csi", SecretUserKey: key})
+	// sh -c SCRIPT then the connection args as $0 $1 ...: $7 is the key file.
+	out, err := c.cli(ctx, "sh", "-c", `set -e
+[ "$4" = --id ] && [ "$5" = csi ] && [ "$6" = --keyfile ]
+echo "$7"
+stat -c %a "$7" "$(dirname "$7")"
+cat "$7"; echo
+tr '\0' ' ' < /proc/$$/cmdline`)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 5 {
+		t.Fatalf("output %q", out)
+	}
+	file, modes, got, argv := lines[0], lines[1]+" "+lines[2], lines[3], strings.Join(lines[4:], "\n")
+	if modes != "600 700" || got != key {
+		t.Fatalf("key file %s: modes %q, content ok=%t; want 600 700 and the key", file, modes, got == key)
+	}
+	if strings.Contains(argv, key) {
+		t.Fatalf("the key is on the command line: %q", argv)
+	}
+	if _, err := os.Stat(filepath.Dir(file)); !os.IsNotExist(err) {
+		t.Fatalf("the key directory %s outlived the call (stat: %v)", filepath.Dir(file), err)
+	}
+	// Half of a credential is an error naming the missing key, not the value.
+	_, err = c.cli(backend.WithSecrets(context.Background(), map[string]string{SecretUserKey: key}), "true")
+	testutil.WantKind(t, err, errdefs.ErrInvalidArgument, SecretUserID)
+	if strings.Contains(err.Error(), key) {
+		t.Fatal("the error shows the key")
+	}
+}

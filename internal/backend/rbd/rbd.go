@@ -1,0 +1,49 @@
+// Package rbd is Spindle's Ceph RBD backend: images in one pool of a Ceph
+// cluster, managed with the rbd CLI (store.go, snapshot.go), published by
+// recording the node in the image's metadata (export.go), and mapped on
+// the node with krbd, rbd-nbd or rbd-fuse + a loop device (attach.go,
+// kernel.go, fuse.go).
+//
+// Every call to the cluster runs the rbd or ceph CLI through
+// internal/command with a deadline and JSON output; the cephx key of the
+// request (CSI secrets userID / userKey) reaches it in a 0600 key file
+// that lives for the one call (ceph.go).
+package rbd
+
+import (
+	"path/filepath"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/command"
+)
+
+// New builds the instance named name from a validated Config.
+func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
+	cfg = cfg.withDefaults()
+	c := &cluster{cfg: cfg, run: run}
+	var m mapper
+	switch cfg.Mounter {
+	case MounterFuse:
+		m = &fuseMapper{c: c, loops: loop.NewDevices(run), dir: filepath.Join(cfg.FuseDir, name, cfg.Pool), sysRoot: "/sys", procRoot: "/proc"}
+	default:
+		m = &kernelMapper{c: c, nbd: cfg.Mounter == MounterNBD, sysRoot: "/sys"}
+	}
+	return newInstance(name, c, m), nil
+}
+
+func newInstance(name string, c *cluster, m mapper) *backend.Instance {
+	s := &Store{c: c, cfg: c.cfg, key: Type + "/" + name}
+	return &backend.Instance{
+		Type:      Type,
+		Name:      name,
+		Store:     s,
+		Exporter:  &Exporter{s: s},
+		Attacher:  &Attacher{s: s, m: m},
+		Snapshots: s,
+	}
+}
+
+// ImageIDFor is the image ID (the part of the volume ID after
+// "rbd/<instance>/") of the volume with that CSI name in pool.
+func ImageIDFor(pool, csiName string) string { return pool + "/" + hashedName(volumePrefix, csiName) }

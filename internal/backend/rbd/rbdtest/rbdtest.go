@@ -1,0 +1,387 @@
+// Package rbdtest starts one real, throw-away Ceph cluster per test binary
+// (hack/ceph-up.sh: 1 mon, 1 mgr, 1 memstore OSD on 127.0.0.1, ports of
+// its own, everything under one temporary directory) and stops it when the
+// binary's tests end. Tests that need it call Require, which skips them,
+// saying exactly why, when the cluster could not start (Ceph not
+// installed, not root, a daemon that did not come up).
+//
+//	func TestMain(m *testing.M) { os.Exit(rbdtest.Main(m)) }
+package rbdtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Pool is the pool every test cluster has.
+const Pool = "spindle-test"
+
+// Cluster is the running test cluster.
+type Cluster struct {
+	Dir      string // everything of the cluster
+	Conf     string // its ceph.conf (mon host, admin keyring)
+	Monitor  string // "127.0.0.1:<msgr2 port>"
+	Pool     string
+	User     string // "admin"
+	Key      string // client.admin's key, for CSI secrets
+	KeyFile  string // a 0600 file holding Key
+	HackDir  string // the repository's hack/
+	StartUp  time.Duration
+	stopped  bool
+	upOutput string
+}
+
+var (
+	current    *Cluster
+	skipReason string
+)
+
+// Main starts the cluster, runs the tests and stops it.
+func Main(m *testing.M) int {
+	c, err := start()
+	if err != nil {
+		skipReason = err.Error()
+		fmt.Fprintf(os.Stderr, "rbdtest: Ceph tests will be skipped: %s\n", skipReason)
+	} else {
+		current = c
+		fmt.Fprintf(os.Stderr, "rbdtest: Ceph cluster up in %s (mon %s, dir %s)\n", c.StartUp.Round(time.Millisecond), c.Monitor, c.Dir)
+	}
+	code := m.Run()
+	if c != nil {
+		c.stop()
+	}
+	return code
+}
+
+// Require returns the cluster or skips t with the reason it is missing.
+func Require(t testing.TB) *Cluster {
+	t.Helper()
+	if current == nil {
+		if skipReason == "" {
+			skipReason = "rbdtest.Main did not run (the package's TestMain must call it)"
+		}
+		t.Skipf("no Ceph cluster: %s", skipReason)
+	}
+	return current
+}
+
+// repoRoot finds the directory holding go.mod above the working directory.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func start() (*Cluster, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("not root: the RBD tests mount rbd-fuse and bind loop devices (run `sudo make test`)")
+	}
+	var missing []string
+	for _, p := range []string{"ceph-mon", "ceph-mgr", "ceph-osd", "ceph", "rbd", "rbd-fuse", "ceph-authtool", "monmaptool", "uuidgen", "losetup"} {
+		if _, err := exec.LookPath(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("missing %s: run hack/install-deps.sh (Debian packages ceph-mon ceph-mgr ceph-osd ceph-common rbd-fuse)", strings.Join(missing, ", "))
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return nil, fmt.Errorf("no /dev/fuse: rbd-fuse cannot mount here")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "spindle-ceph-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Dir: filepath.Join(dir, "cluster"), Pool: Pool, User: "admin", HackDir: filepath.Join(root, "hack")}
+	c.Conf = filepath.Join(c.Dir, "ceph.conf")
+	var v2, v1 int
+	if v2, err = freePort(); err == nil {
+		v1, err = freePort()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pick monitor ports: %w", err)
+	}
+	c.Monitor = "127.0.0.1:" + strconv.Itoa(v2)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(c.HackDir, "ceph-up.sh"), c.Dir, c.Pool)
+	cmd.Env = append(os.Environ(), "MON_PORT="+strconv.Itoa(v2), "MON_V1_PORT="+strconv.Itoa(v1), "LC_ALL=C")
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	c.StartUp = time.Since(t0)
+	c.upOutput = string(out)
+	if err != nil {
+		c.stop()
+		return nil, fmt.Errorf("hack/ceph-up.sh failed after %s: %v:\n%s", c.StartUp.Round(time.Millisecond), err, tail(string(out), 2000))
+	}
+	key, err := exec.CommandContext(ctx, "ceph-authtool", "-p", "-n", "client.admin", filepath.Join(c.Dir, "ceph.client.admin.keyring")).Output()
+	if err != nil {
+		c.stop()
+		return nil, fmt.Errorf("read the admin key: %v", err)
+	}
+	c.Key = strings.TrimSpace(string(key))
+	c.KeyFile = filepath.Join(dir, "admin.key")
+	if err := os.WriteFile(c.KeyFile, []byte(c.Key), 0o600); err != nil {
+		c.stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+func (c *Cluster) stop() {
+	if c.stopped {
+		return
+	}
+	c.stopped = true
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(c.HackDir, "ceph-down.sh"), c.Dir).CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rbdtest: ceph-down.sh: %v: %s\n", err, out)
+		return
+	}
+	_ = os.RemoveAll(filepath.Dir(c.Dir))
+}
+
+// Secrets are the CSI secrets for the cluster's admin user.
+func (c *Cluster) Secrets() map[string]string {
+	return map[string]string{"userID": c.User, "userKey": c.Key}
+}
+
+// RBD runs the rbd CLI as admin on the test pool's cluster.
+func (c *Cluster) RBD(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "rbd", append(args, "-c", c.Conf)...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("rbd %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// Ceph runs the ceph CLI as admin.
+func (c *Cluster) Ceph(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ceph", append(args, "-c", c.Conf)...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("ceph %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
+
+// Listed is one entry of "rbd ls -l".
+type Listed struct {
+	Image    string `json:"image"`
+	Snapshot string `json:"snapshot,omitempty"`
+	Size     int64  `json:"size"`
+}
+
+// List lists the pool's images and snapshots.
+func (c *Cluster) List(ctx context.Context) ([]Listed, error) {
+	out, err := c.RBD(ctx, "ls", "-l", "--format", "json", c.Pool)
+	if err != nil {
+		return nil, err
+	}
+	var l []Listed
+	return l, json.Unmarshal(out, &l)
+}
+
+// Artifacts lists every image and snapshot of the pool ("image",
+// "image@snap"), for the conformance suite's leftover checks.
+func (c *Cluster) Artifacts(ctx context.Context) ([]string, error) {
+	l, err := c.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range l {
+		if e.Snapshot != "" {
+			out = append(out, e.Image+"@"+e.Snapshot)
+		} else {
+			out = append(out, e.Image)
+		}
+	}
+	return out, nil
+}
+
+// Wipe removes every image of the pool, whatever state it is in: clones
+// are flattened first, then snapshots unprotected and purged, locks broken.
+func (c *Cluster) Wipe(ctx context.Context) error {
+	l, err := c.List(ctx)
+	if err != nil {
+		return err
+	}
+	var images []string
+	for _, e := range l {
+		if e.Snapshot == "" {
+			images = append(images, e.Image)
+		}
+	}
+	for _, img := range images {
+		spec := c.Pool + "/" + img
+		out, err := c.RBD(ctx, "info", "--format", "json", spec)
+		if err == nil && bytes.Contains(out, []byte(`"parent"`)) {
+			if _, err := c.RBD(ctx, "flatten", spec); err != nil {
+				return err
+			}
+		}
+	}
+	for _, e := range l {
+		if e.Snapshot != "" {
+			_, _ = c.RBD(ctx, "snap", "unprotect", c.Pool+"/"+e.Image+"@"+e.Snapshot)
+		}
+	}
+	for _, img := range images {
+		spec := c.Pool + "/" + img
+		if out, err := c.RBD(ctx, "lock", "ls", "--format", "json", spec); err == nil {
+			var locks []struct{ ID, Locker string }
+			_ = json.Unmarshal(out, &locks)
+			for _, l := range locks {
+				_, _ = c.RBD(ctx, "lock", "rm", spec, l.ID, l.Locker)
+			}
+		}
+		if _, err := c.RBD(ctx, "snap", "purge", spec); err != nil {
+			return err
+		}
+		if _, err := c.RBD(ctx, "rm", spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadImage reads n bytes at off of pool/image ("rbd export" of the
+// image to a pipe; test images are small).
+func (c *Cluster) ReadImage(ctx context.Context, image string, off int64, n int) ([]byte, error) {
+	out, err := c.RBD(ctx, "export", c.Pool+"/"+image, "-")
+	if err != nil {
+		return nil, err
+	}
+	if off+int64(n) > int64(len(out)) {
+		return nil, fmt.Errorf("image %s has %d bytes; cannot read %d at %d", image, len(out), n, off)
+	}
+	return out[off : off+int64(n)], nil
+}
+
+// WriteImage writes data at off of pool/image through a private rbd-fuse
+// mount, synced, then unmounted (and waited for, so its watch is gone).
+func (c *Cluster) WriteImage(ctx context.Context, image string, off int64, data []byte) error {
+	dir, err := os.MkdirTemp("", "spindle-rbdtest-fuse-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(dir)
+	cmd := exec.CommandContext(ctx, "rbd-fuse", "-c", c.Conf, "-p", c.Pool, "-r", image, dir)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("rbd-fuse %s: %v: %s", image, err, out)
+	}
+	werr := func() error {
+		f, err := os.OpenFile(filepath.Join(dir, image), os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, err := f.WriteAt(data, off); err != nil {
+			return err
+		}
+		return f.Sync()
+	}()
+	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("umount %s: %v: %s", dir, err, out)
+	}
+	if werr != nil {
+		return werr
+	}
+	return c.AwaitNoWatchers(ctx, image, 15*time.Second)
+}
+
+// AwaitNoWatchers waits until nobody has the image open.
+func (c *Cluster) AwaitNoWatchers(ctx context.Context, image string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		out, err := c.RBD(ctx, "status", "--format", "json", c.Pool+"/"+image)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(out, []byte(`"watchers":[]`)) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("image %s still has watchers after %s: %s", image, within, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// DriverConfig is a driver --config with one rbd instance, rbd/ceph-test,
+// on the cluster, mapping with rbd-fuse under fuseDir. userID and keyFile
+// serve the RPCs that CSI sends without secrets (ListVolumes, GetCapacity,
+// ControllerGetVolume, Probe); calls that carry the secrets userID/userKey
+// use those.
+func (c *Cluster) DriverConfig(fuseDir string) string {
+	return fmt.Sprintf(`defaultBackend: rbd/ceph-test
+backends:
+  - type: rbd
+    name: ceph-test
+    rbd:
+      clusterID: test
+      monitors: [%q]
+      pool: %s
+      userID: %s
+      keyFile: %s
+      mounter: rbd-fuse
+      fuseDir: %s
+      nodeRegistry: true
+`, c.Monitor, c.Pool, c.User, c.KeyFile, fuseDir)
+}

@@ -1,0 +1,137 @@
+package rbd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// A CSI snapshot is an image of its own, "csi-snap-<hash of the CSI
+// name>": a flattened copy ("rbd cp") of a short-lived RBD snapshot of the
+// source, so it is of one instant and depends on nothing, and the source
+// volume can be deleted while the snapshot lives. The copy carries one
+// protected RBD snapshot, "csi-snap", that volumes restored from it are
+// copy-on-write clones of; deleting the CSI snapshot flattens them first.
+
+// CreateSnapshot implements backend.Snapshotter.
+func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (*backend.Snapshot, error) {
+	if spec.Name == "" {
+		return nil, errdefs.InvalidArgument("snapshot name is empty")
+	}
+	image := hashedName(snapPrefix, spec.Name)
+	id := s.spec(image)
+	defer s.locks.lock(image)()
+
+	existing, err := s.GetSnapshot(ctx, id)
+	switch errdefs.KindOf(err) {
+	case nil:
+		if existing.SourceImageID != spec.SourceImageID {
+			return nil, errdefs.AlreadyExists("snapshot %q already exists of volume %s, not of %s", spec.Name, existing.SourceImageID, spec.SourceImageID)
+		}
+		return existing, nil
+	case errdefs.ErrNotFound:
+	default:
+		return nil, err
+	}
+	src, srcInfo, err := s.getImage(ctx, spec.SourceImageID)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkRoom(ctx, src.CapacityBytes); err != nil {
+		return nil, err
+	}
+	rec := snapshotRecord{
+		SourceImageID: src.ID, SizeBytes: src.CapacityBytes, CreatedAt: time.Now().UTC().Truncate(time.Second),
+		AccessType: src.AccessType, FsType: src.FsType, Formatted: src.Formatted,
+	}
+	build := func(tmp string) error {
+		at := s.spec(srcInfo.Name) + "@" + copySnapPrefix + strings.TrimPrefix(image, snapPrefix)
+		if _, err := s.c.rbd(ctx, "snap", "create", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+			return err
+		}
+		defer func() { _, _ = s.c.rbd(context.WithoutCancel(ctx), "snap", "rm", "--no-progress", at) }()
+		if _, err := s.c.rbd(ctx, "cp", "--no-progress", "--image-feature", s.cfg.ImageFeatures, at, s.spec(tmp)); err != nil {
+			return err
+		}
+		return s.protectedSnapshot(ctx, tmp, snapshotSnap)
+	}
+	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec)}
+	if err := s.buildAndRename(ctx, image, true, build, meta); err != nil {
+		return nil, err
+	}
+	return s.GetSnapshot(ctx, id)
+}
+
+// GetSnapshot implements backend.Snapshotter.
+func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, error) {
+	image, err := s.imageOf(id, snapPrefix, "snapshot")
+	if err != nil {
+		return nil, err
+	}
+	info, meta, err := s.read(ctx, image)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil, errdefs.NotFound("snapshot %s does not exist", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if meta[metaSnapshot] == "" {
+		return nil, errdefs.NotFound("snapshot %s does not exist (image %s carries no %s metadata)", id, info.Name, metaSnapshot)
+	}
+	var rec snapshotRecord
+	if err := json.Unmarshal([]byte(meta[metaSnapshot]), &rec); err != nil {
+		return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaSnapshot, err)
+	}
+	return &backend.Snapshot{
+		ID: id, Name: meta[metaName], SourceImageID: rec.SourceImageID, SizeBytes: rec.SizeBytes,
+		CreatedAt: rec.CreatedAt, ReadyToUse: true, AccessType: rec.AccessType, FsType: rec.FsType, Formatted: rec.Formatted,
+	}, nil
+}
+
+// ListSnapshots implements backend.Snapshotter.
+func (s *Store) ListSnapshots(ctx context.Context) ([]*backend.Snapshot, error) {
+	all, err := s.listImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*backend.Snapshot
+	for _, e := range all {
+		if !strings.HasPrefix(e.Image, snapPrefix) {
+			continue
+		}
+		snap, err := s.GetSnapshot(ctx, s.spec(e.Image))
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, snap)
+	}
+	slices.SortFunc(out, func(a, b *backend.Snapshot) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// DeleteSnapshot implements backend.Snapshotter. Volumes restored from the
+// snapshot are flattened first, so they keep their data.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	image, err := s.imageOf(id, snapPrefix, "snapshot")
+	if err != nil {
+		return nil
+	}
+	defer s.locks.lock(image)()
+	info, _, err := s.read(ctx, image)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return s.remove(ctx, image, info)
+}

@@ -1,0 +1,871 @@
+package rbd
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Image names. A volume's and a snapshot's image name is derived from its
+// CSI name (a hash, so any CSI name fits Ceph's charset and a repeated
+// CreateVolume finds the image without a directory); the CSI name itself
+// is kept in the image's metadata.
+const (
+	volumePrefix = "csi-vol-"  // a volume
+	snapPrefix   = "csi-snap-" // a CSI snapshot: a flattened copy of its source
+	tmpPrefix    = "csi-tmp-"  // an image being built; renamed when complete
+	// snapshotSnap is the protected RBD snapshot of a snapshot image that
+	// restored volumes are cloned from.
+	snapshotSnap = "csi-snap"
+	// cloneSnapPrefix names the protected RBD snapshot on a source volume
+	// that one clone of it hangs from; it goes when the clone is flattened
+	// or deleted.
+	cloneSnapPrefix = "csi-clone-"
+	// copySnapPrefix names the short-lived RBD snapshot a CSI snapshot is
+	// copied from, so the copy is of one instant.
+	copySnapPrefix = "csi-copy-"
+)
+
+// Image metadata keys ("rbd image-meta list" shows them to operators).
+const (
+	metaName        = "spindle.name"        // the CSI name
+	metaVolume      = "spindle.volume"      // JSON volumeRecord
+	metaFormatted   = "spindle.formatted"   // the fs type once the node formatted it
+	metaMutable     = "spindle.mutable"     // JSON mutable parameters
+	metaAttachments = "spindle.attachments" // JSON []backend.Attachment
+	metaSnapshot    = "spindle.snapshot"    // JSON snapshotRecord (snapshot images)
+)
+
+// volumeMetaKeys are the keys a volume image may carry; a copy or clone
+// inherits its source's, so a new image sets or removes each of them.
+var volumeMetaKeys = []string{metaName, metaVolume, metaFormatted, metaMutable, metaAttachments, metaSnapshot}
+
+// volumeRecord is what a volume image keeps of its CreateVolume request.
+type volumeRecord struct {
+	AccessType backend.AccessType     `json:"accessType"`
+	FsType     string                 `json:"fsType,omitempty"`
+	Parameters map[string]string      `json:"parameters,omitempty"`
+	Source     *backend.ContentSource `json:"source,omitempty"`
+	CreatedAt  time.Time              `json:"createdAt"`
+}
+
+// snapshotRecord is what a snapshot image keeps.
+type snapshotRecord struct {
+	SourceImageID string             `json:"sourceImageID"`
+	SizeBytes     int64              `json:"sizeBytes"`
+	CreatedAt     time.Time          `json:"createdAt"`
+	AccessType    backend.AccessType `json:"accessType"`
+	FsType        string             `json:"fsType,omitempty"`
+	Formatted     bool               `json:"formatted"`
+}
+
+var hashedRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// hashedName is prefix + the first 128 bits of SHA-256(csiName) in hex.
+func hashedName(prefix, csiName string) string {
+	sum := sha256.Sum256([]byte(csiName))
+	return prefix + hex.EncodeToString(sum[:16])
+}
+
+// Store is the image store of one rbd instance.
+type Store struct {
+	c   *cluster
+	cfg Config
+	key string // "rbd/<name>", for messages
+	// locks serialise operations on one image name within this process
+	// (two CreateVolumes of one name, a Publish racing an Unpublish). The
+	// driver's per-volume locks do the same per RPC; the controller runs
+	// as one leader-elected replica.
+	locks keyedMutex
+	// nodes are the nodes registered in this process (see RegisterNode).
+	nodesMu sync.Mutex
+	nodes   map[string]backend.NodeInfo
+	limitMu sync.Mutex // held while counting a limited node's volumes and publishing
+}
+
+// ImageID returns the image ID a volume of that CSI name gets.
+func (s *Store) ImageID(name string) string { return s.cfg.Pool + "/" + hashedName(volumePrefix, name) }
+
+// SnapshotID returns the snapshot ID a snapshot of that CSI name gets.
+func (s *Store) SnapshotID(name string) string {
+	return s.cfg.Pool + "/" + hashedName(snapPrefix, name)
+}
+
+// spec is the rbd image spec "pool/image".
+func (s *Store) spec(image string) string { return s.cfg.Pool + "/" + image }
+
+// imageOf returns the RBD image name of an ID of this instance with the
+// given prefix, or ErrNotFound: an ID that is not of that shape names
+// nothing this store could hold.
+func (s *Store) imageOf(id, prefix, what string) (string, error) {
+	image, ok := strings.CutPrefix(id, s.cfg.Pool+"/")
+	if !ok || !strings.HasPrefix(image, prefix) || !hashedRe.MatchString(strings.TrimPrefix(image, prefix)) {
+		return "", errdefs.NotFound("%s %s does not exist: %s holds %s in pool %s as %s<hash>", what, id, s.key, what+"s", s.cfg.Pool, prefix)
+	}
+	return image, nil
+}
+
+// rbdImage is "rbd info --format json".
+type rbdImage struct {
+	Name          string   `json:"name"`
+	Size          int64    `json:"size"`
+	Features      []string `json:"features"`
+	SnapshotCount int      `json:"snapshot_count"`
+	Parent        *struct {
+		Pool     string `json:"pool"`
+		Image    string `json:"image"`
+		Snapshot string `json:"snapshot"`
+	} `json:"parent,omitempty"`
+}
+
+// read returns an image's info and metadata.
+func (s *Store) read(ctx context.Context, image string) (*rbdImage, map[string]string, error) {
+	var info rbdImage
+	if err := s.c.rbdJSON(ctx, &info, "info", s.spec(image)); err != nil {
+		return nil, nil, err
+	}
+	meta := map[string]string{}
+	if err := s.c.rbdJSON(ctx, &meta, "image-meta", "list", s.spec(image)); err != nil {
+		return nil, nil, err
+	}
+	return &info, meta, nil
+}
+
+// getImage reads a volume image; ErrNotFound names id.
+func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *rbdImage, error) {
+	image, err := s.imageOf(id, volumePrefix, "volume")
+	if err != nil {
+		return nil, nil, err
+	}
+	info, meta, err := s.read(ctx, image)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil, nil, errdefs.NotFound("volume %s does not exist", id)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	img, err := s.decode(id, info, meta)
+	return img, info, err
+}
+
+// decode builds the backend's view of a volume image.
+func (s *Store) decode(id string, info *rbdImage, meta map[string]string) (*backend.Image, error) {
+	name, ok := meta[metaName]
+	if !ok || meta[metaVolume] == "" {
+		return nil, errdefs.NotFound("volume %s does not exist (image %s carries no %s metadata)", id, info.Name, metaVolume)
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal([]byte(meta[metaVolume]), &rec); err != nil {
+		return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaVolume, err)
+	}
+	img := &backend.Image{
+		ID: id, Name: name, CapacityBytes: info.Size, AccessType: rec.AccessType, FsType: rec.FsType,
+		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt,
+	}
+	if fs := meta[metaFormatted]; fs != "" {
+		img.Formatted, img.FsType = true, fs
+	}
+	if v := meta[metaMutable]; v != "" {
+		if err := json.Unmarshal([]byte(v), &img.MutableParameters); err != nil {
+			return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaMutable, err)
+		}
+	}
+	if v := meta[metaAttachments]; v != "" {
+		if err := json.Unmarshal([]byte(v), &img.Attachments); err != nil {
+			return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaAttachments, err)
+		}
+	}
+	return img, nil
+}
+
+// setMeta sets (value != "") or removes (value == "") metadata keys.
+func (s *Store) setMeta(ctx context.Context, image string, kv map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(kv)) {
+		var err error
+		if v := kv[k]; v != "" {
+			_, err = s.c.rbd(ctx, "image-meta", "set", s.spec(image), k, v)
+		} else {
+			_, err = s.c.rbd(ctx, "image-meta", "remove", s.spec(image), k)
+			if errdefs.KindOf(err) == errdefs.ErrNotFound {
+				err = nil // nothing to remove
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only plain structs and maps are marshalled
+	}
+	return string(b)
+}
+
+// Get implements backend.ImageStore.
+func (s *Store) Get(ctx context.Context, id string) (*backend.Image, error) {
+	img, _, err := s.getImage(ctx, id)
+	return img, err
+}
+
+// Create implements backend.ImageStore. The image is built under a
+// temporary name (created or cloned, grown, its metadata written) and
+// renamed to its final name last: "rbd rename" is atomic and refuses an
+// existing name, so a volume is either complete or absent, and a failed
+// Create removes its temporary image.
+func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.Image, error) {
+	if spec.CapacityBytes <= 0 {
+		return nil, errdefs.InvalidArgument("volume %q: capacity %d bytes must be positive", spec.Name, spec.CapacityBytes)
+	}
+	if err := validateMutable(spec.MutableParameters); err != nil {
+		return nil, err
+	}
+	if src := spec.Source; src != nil && (src.ImageID == "") == (src.SnapshotID == "") {
+		return nil, errdefs.InvalidArgument("volume %q: a content source names exactly one of a snapshot and a volume, got %+v", spec.Name, *src)
+	}
+	image := hashedName(volumePrefix, spec.Name)
+	id := s.spec(image)
+	defer s.locks.lock(image)()
+
+	existing, _, err := s.getImage(ctx, id)
+	switch errdefs.KindOf(err) {
+	case nil:
+		return existing, compatible(existing, spec)
+	case errdefs.ErrNotFound:
+	default:
+		return nil, err
+	}
+
+	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC()}
+	formatted := ""
+	var build func(tmp string) error
+	switch {
+	case spec.Source == nil:
+		build = func(tmp string) error {
+			_, err := s.c.rbd(ctx, "create", "--no-progress", "--size", bytesArg(spec.CapacityBytes), "--image-feature", s.cfg.ImageFeatures, s.spec(tmp))
+			return err
+		}
+	case spec.Source.SnapshotID != "":
+		snap, err := s.GetSnapshot(ctx, spec.Source.SnapshotID)
+		if err != nil {
+			return nil, err
+		}
+		if err := copyFits(spec, snap.AccessType, snap.FsType, snap.SizeBytes, spec.Source.SnapshotID); err != nil {
+			return nil, err
+		}
+		rec.FsType = snap.FsType
+		if snap.Formatted {
+			formatted = snap.FsType
+		}
+		snapImage, _ := s.imageOf(snap.ID, snapPrefix, "snapshot")
+		build = func(tmp string) error {
+			return s.clone(ctx, snapImage, snapshotSnap, tmp, spec.CapacityBytes, snap.SizeBytes)
+		}
+	default:
+		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
+		if err != nil {
+			return nil, err
+		}
+		if err := copyFits(spec, src.AccessType, src.FsType, src.CapacityBytes, src.ID); err != nil {
+			return nil, err
+		}
+		rec.FsType = src.FsType
+		if src.Formatted {
+			formatted = src.FsType
+		}
+		build = func(tmp string) error { return s.cloneVolume(ctx, srcInfo, image, tmp, spec.CapacityBytes) }
+	}
+	if err := s.checkRoom(ctx, spec.CapacityBytes); err != nil {
+		return nil, err
+	}
+	meta := map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec), metaFormatted: formatted}
+	if len(spec.MutableParameters) > 0 {
+		meta[metaMutable] = mustJSON(spec.MutableParameters)
+	}
+	if err := s.buildAndRename(ctx, image, spec.Source != nil, build, meta); err != nil {
+		return nil, err
+	}
+	img, _, err := s.getImage(ctx, id)
+	return img, err
+}
+
+// buildAndRename runs build on a fresh temporary name, writes meta (and,
+// for a copy, removes the keys it inherited) and renames the result to
+// image. On failure the temporary image is removed.
+func (s *Store) buildAndRename(ctx context.Context, image string, inherited bool, build func(tmp string) error, meta map[string]string) (err error) {
+	tmp := tmpName(image)
+	defer func() {
+		if err != nil {
+			s.removeTemporary(context.WithoutCancel(ctx), tmp)
+		}
+	}()
+	if err := build(tmp); err != nil {
+		return err
+	}
+	all := maps.Clone(meta)
+	if inherited {
+		for _, k := range volumeMetaKeys {
+			if _, ok := all[k]; !ok {
+				all[k] = ""
+			}
+		}
+	} else {
+		maps.DeleteFunc(all, func(_, v string) bool { return v == "" })
+	}
+	if err := s.setMeta(ctx, tmp, all); err != nil {
+		return err
+	}
+	if _, err := s.c.rbd(ctx, "rename", s.spec(tmp), s.spec(image)); err != nil {
+		if errdefs.KindOf(err) == errdefs.ErrAlreadyExists {
+			return errdefs.Wrap(errdefs.ErrBusy, err, "image %s was created by another controller meanwhile; retry", image)
+		}
+		return err
+	}
+	return nil
+}
+
+// tmpName is a fresh temporary name for building image.
+func tmpName(image string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return tmpPrefix + strings.TrimPrefix(strings.TrimPrefix(image, volumePrefix), snapPrefix)[:16] + "-" + hex.EncodeToString(b)
+}
+
+// removeTemporary removes a half-built image; failures are left for an
+// operator (the name says what it is).
+func (s *Store) removeTemporary(ctx context.Context, tmp string) {
+	_ = s.purgeOwnedSnapshots(ctx, tmp)
+	_, _ = s.c.rbd(ctx, "rm", "--no-progress", s.spec(tmp))
+}
+
+// copyFits checks a copy's request against its source.
+func copyFits(spec backend.VolumeSpec, at backend.AccessType, fsType string, size int64, source string) error {
+	if spec.AccessType != at {
+		return errdefs.InvalidArgument("volume %q asks for access type %s, but its source %s is a %s volume", spec.Name, spec.AccessType, source, at)
+	}
+	if spec.FsType != "" && spec.FsType != fsType {
+		return errdefs.InvalidArgument("volume %q asks for fs type %s, but its source %s holds %q", spec.Name, spec.FsType, source, fsType)
+	}
+	if spec.CapacityBytes < size {
+		return errdefs.OutOfRange("volume %q asks for %d bytes, smaller than its source %s of %d bytes", spec.Name, spec.CapacityBytes, source, size)
+	}
+	return nil
+}
+
+// compatible decides whether an existing image answers spec.
+func compatible(img *backend.Image, spec backend.VolumeSpec) error {
+	var why []string
+	switch {
+	case spec.RequiredBytes == 0 && spec.LimitBytes == 0:
+		if img.CapacityBytes != spec.CapacityBytes {
+			why = append(why, fmt.Sprintf("it has %d bytes, asked for %d", img.CapacityBytes, spec.CapacityBytes))
+		}
+	default:
+		if spec.RequiredBytes > 0 && img.CapacityBytes < spec.RequiredBytes {
+			why = append(why, fmt.Sprintf("it has %d bytes, fewer than the %d required", img.CapacityBytes, spec.RequiredBytes))
+		}
+		if spec.LimitBytes > 0 && img.CapacityBytes > spec.LimitBytes {
+			why = append(why, fmt.Sprintf("it has %d bytes, more than the limit %d", img.CapacityBytes, spec.LimitBytes))
+		}
+	}
+	if img.AccessType != spec.AccessType {
+		why = append(why, fmt.Sprintf("access type %s, asked for %s", img.AccessType, spec.AccessType))
+	}
+	// A copy inherits its source's fs type: a request that names none
+	// asked for whatever the source had.
+	if img.FsType != spec.FsType && (spec.Source == nil || spec.FsType != "") {
+		why = append(why, fmt.Sprintf("fs type %q, asked for %q", img.FsType, spec.FsType))
+	}
+	if !maps.Equal(img.Parameters, spec.Parameters) {
+		why = append(why, fmt.Sprintf("parameters %v, asked for %v", img.Parameters, spec.Parameters))
+	}
+	if !sameSource(img.Source, spec.Source) {
+		why = append(why, fmt.Sprintf("content source %+v, asked for %+v", img.Source, spec.Source))
+	}
+	if !maps.Equal(img.MutableParameters, spec.MutableParameters) {
+		why = append(why, fmt.Sprintf("mutable parameters %v, asked for %v", img.MutableParameters, spec.MutableParameters))
+	}
+	if len(why) > 0 {
+		return errdefs.AlreadyExists("volume %q already exists with other parameters: %s", spec.Name, strings.Join(why, "; "))
+	}
+	return nil
+}
+
+func sameSource(a, b *backend.ContentSource) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// bytesArg is a size argument in bytes for rbd ("4194304B").
+func bytesArg(n int64) string { return strconv.FormatInt(n, 10) + "B" }
+
+// clone makes tmp a copy-on-write clone of image@snap, grown to size.
+func (s *Store) clone(ctx context.Context, image, snap, tmp string, size, srcSize int64) error {
+	if _, err := s.c.rbd(ctx, "clone", "--image-feature", s.cfg.ImageFeatures, s.spec(image)+"@"+snap, s.spec(tmp)); err != nil {
+		return err
+	}
+	if size > srcSize {
+		if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), s.spec(tmp)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cloneVolume makes tmp a clone of the volume src at this instant: a
+// protected snapshot on src named for the new volume, a copy-on-write
+// clone of it, flattened at once when the parent chain would be deeper
+// than MaxCloneDepth (the snapshot then goes again).
+func (s *Store) cloneVolume(ctx context.Context, src *rbdImage, image, tmp string, size int64) (err error) {
+	snap := cloneSnapPrefix + strings.TrimPrefix(image, volumePrefix)
+	if err := s.protectedSnapshot(ctx, src.Name, snap); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			s.dropSnapshot(context.WithoutCancel(ctx), src.Name, snap)
+		}
+	}()
+	if err := s.clone(ctx, src.Name, snap, tmp, size, src.Size); err != nil {
+		return err
+	}
+	depth, err := s.depth(ctx, src)
+	if err != nil {
+		return err
+	}
+	if depth+1 > s.cfg.MaxCloneDepth {
+		if _, err := s.c.rbd(ctx, "flatten", "--no-progress", s.spec(tmp)); err != nil {
+			return err
+		}
+		s.dropSnapshot(ctx, src.Name, snap)
+	}
+	return nil
+}
+
+// protectedSnapshot creates and protects image@snap; one left by an
+// earlier attempt is reused.
+func (s *Store) protectedSnapshot(ctx context.Context, image, snap string) error {
+	_, err := s.c.rbd(ctx, "snap", "create", "--no-progress", s.spec(image)+"@"+snap)
+	if err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+		return err
+	}
+	_, err = s.c.rbd(ctx, "snap", "protect", s.spec(image)+"@"+snap)
+	if err != nil && !strings.Contains(err.Error(), "already protected") {
+		return err
+	}
+	return nil
+}
+
+// depth counts the parents above img.
+func (s *Store) depth(ctx context.Context, img *rbdImage) (int, error) {
+	n := 0
+	for p := img.Parent; p != nil && n <= s.cfg.MaxCloneDepth; n++ {
+		var parent rbdImage
+		if err := s.c.rbdJSON(ctx, &parent, "info", p.Pool+"/"+p.Image); err != nil {
+			return 0, err
+		}
+		p = parent.Parent
+	}
+	return n, nil
+}
+
+// dropSnapshot removes image@snap if nothing hangs from it any more;
+// best effort: a snapshot still in use stays.
+func (s *Store) dropSnapshot(ctx context.Context, image, snap string) {
+	if _, err := s.c.rbd(ctx, "snap", "unprotect", s.spec(image)+"@"+snap); err != nil && !strings.Contains(err.Error(), "not protected") {
+		return
+	}
+	_, _ = s.c.rbd(ctx, "snap", "rm", "--no-progress", s.spec(image)+"@"+snap)
+}
+
+// rbdSnap is one entry of "rbd snap ls --format json".
+type rbdSnap struct {
+	Name      string `json:"name"`
+	Protected string `json:"protected"`
+}
+
+// rbdChild is one entry of "rbd children --format json".
+type rbdChild struct {
+	Pool  string `json:"pool"`
+	Image string `json:"image"`
+}
+
+// purgeOwnedSnapshots removes the image's snapshots, all of which must be
+// Spindle's: clones hanging from them are flattened first, so that they
+// outlive their source. A snapshot somebody else took is a precondition
+// failure: it is not ours to delete.
+func (s *Store) purgeOwnedSnapshots(ctx context.Context, image string) error {
+	var snaps []rbdSnap
+	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+		return err
+	}
+	for _, sn := range snaps {
+		if !strings.HasPrefix(sn.Name, cloneSnapPrefix) && !strings.HasPrefix(sn.Name, copySnapPrefix) && sn.Name != snapshotSnap {
+			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", s.spec(image), sn.Name)
+		}
+		at := s.spec(image) + "@" + sn.Name
+		if sn.Protected == "true" {
+			var children []rbdChild
+			if err := s.c.rbdJSON(ctx, &children, "children", at); err != nil {
+				return err
+			}
+			for _, ch := range children {
+				if _, err := s.c.rbd(ctx, "flatten", "--no-progress", ch.Pool+"/"+ch.Image); err != nil {
+					return fmt.Errorf("flatten %s/%s, a clone of %s: %w", ch.Pool, ch.Image, at, err)
+				}
+			}
+			if _, err := s.c.rbd(ctx, "snap", "unprotect", at); err != nil {
+				return err
+			}
+		}
+		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rbdWatchers is "rbd status --format json".
+type rbdWatchers struct {
+	Watchers []struct {
+		Address string `json:"address"`
+	} `json:"watchers"`
+}
+
+// watchers lists the client addresses that have the image open.
+func (s *Store) watchers(ctx context.Context, image string) ([]string, error) {
+	var st rbdWatchers
+	if err := s.c.rbdJSON(ctx, &st, "status", s.spec(image)); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, w := range st.Watchers {
+		out = append(out, w.Address)
+	}
+	return out, nil
+}
+
+// rbdLock is one entry of "rbd lock ls --format json".
+type rbdLock struct {
+	ID     string `json:"id"`
+	Locker string `json:"locker"`
+}
+
+// removeLocks breaks the advisory locks left on an image: "rbd rm" of a
+// locked image waits for them forever.
+func (s *Store) removeLocks(ctx context.Context, image string) error {
+	var locks []rbdLock
+	if err := s.c.rbdJSON(ctx, &locks, "lock", "ls", s.spec(image)); err != nil {
+		return err
+	}
+	for _, l := range locks {
+		if _, err := s.c.rbd(ctx, "lock", "rm", s.spec(image), l.ID, l.Locker); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			return err
+		}
+	}
+	return nil
+}
+
+// Delete implements backend.ImageStore.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	image, err := s.imageOf(id, volumePrefix, "volume")
+	if err != nil {
+		return nil // no such volume can exist
+	}
+	defer s.locks.lock(image)()
+	img, info, err := s.getImage(ctx, id)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(img.Attachments) > 0 {
+		var nodes []string
+		for _, a := range img.Attachments {
+			nodes = append(nodes, strconv.Quote(a.NodeID))
+		}
+		return errdefs.Precondition("volume %s is still published to node %s; unpublish it first", id, strings.Join(nodes, ", "))
+	}
+	return s.remove(ctx, image, info)
+}
+
+// remove deletes an unpublished image: no watchers, locks broken, owned
+// snapshots purged, and afterwards the clone snapshot it hung from.
+func (s *Store) remove(ctx context.Context, image string, info *rbdImage) error {
+	w, err := s.watchers(ctx, image)
+	if err != nil {
+		return err
+	}
+	if len(w) > 0 {
+		return errdefs.Precondition("image %s still has watchers %s: a node still has it mapped (or a client died less than 30 s ago)", s.spec(image), strings.Join(w, ", "))
+	}
+	if err := s.removeLocks(ctx, image); err != nil {
+		return err
+	}
+	if err := s.purgeOwnedSnapshots(ctx, image); err != nil {
+		return err
+	}
+	if _, err := s.c.rbd(ctx, "rm", "--no-progress", s.spec(image)); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return err
+	}
+	if p := info.Parent; p != nil && p.Pool == s.cfg.Pool && strings.HasPrefix(p.Snapshot, cloneSnapPrefix) {
+		s.dropSnapshot(ctx, p.Image, p.Snapshot)
+	}
+	return nil
+}
+
+// rbdListed is one entry of "rbd ls -l --format json".
+type rbdListed struct {
+	Image    string `json:"image"`
+	Size     int64  `json:"size"`
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// listImages lists the pool's images (no snapshots).
+func (s *Store) listImages(ctx context.Context) ([]rbdListed, error) {
+	var all []rbdListed
+	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, e := range all {
+		if e.Snapshot == "" {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// List implements backend.ImageStore.
+func (s *Store) List(ctx context.Context) ([]*backend.Image, error) {
+	all, err := s.listImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*backend.Image
+	for _, e := range all {
+		if !strings.HasPrefix(e.Image, volumePrefix) {
+			continue
+		}
+		img, _, err := s.getImage(ctx, s.spec(e.Image))
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, img)
+	}
+	slices.SortFunc(out, func(a, b *backend.Image) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// Expand implements backend.ImageStore.
+func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend.Image, error) {
+	image, err := s.imageOf(id, volumePrefix, "volume")
+	if err != nil {
+		return nil, err
+	}
+	defer s.locks.lock(image)()
+	img, _, err := s.getImage(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case newBytes == img.CapacityBytes:
+		return img, nil
+	case newBytes < img.CapacityBytes:
+		return nil, errdefs.OutOfRange("volume %s has %d bytes; it cannot shrink to %d", id, img.CapacityBytes, newBytes)
+	}
+	if err := s.checkRoom(ctx, newBytes-img.CapacityBytes); err != nil {
+		return nil, err
+	}
+	if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(newBytes), s.spec(image)); err != nil {
+		return nil, err
+	}
+	img, _, err = s.getImage(ctx, id)
+	return img, err
+}
+
+// Modify implements backend.ImageStore.
+func (s *Store) Modify(ctx context.Context, id string, mutable map[string]string) (*backend.Image, error) {
+	if err := validateMutable(mutable); err != nil {
+		return nil, err
+	}
+	image, err := s.imageOf(id, volumePrefix, "volume")
+	if err != nil {
+		return nil, err
+	}
+	defer s.locks.lock(image)()
+	img, _, err := s.getImage(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(mutable) == 0 {
+		return img, nil
+	}
+	merged := maps.Clone(img.MutableParameters)
+	if merged == nil {
+		merged = map[string]string{}
+	}
+	maps.Copy(merged, mutable)
+	if err := s.setMeta(ctx, image, map[string]string{metaMutable: mustJSON(merged)}); err != nil {
+		return nil, err
+	}
+	img.MutableParameters = merged
+	return img, nil
+}
+
+// MutableParamMapOptions is the one mutable (VolumeAttributesClass)
+// parameter of the rbd backend: krbd / rbd-nbd map options for this
+// volume, replacing the instance's mapOptions at the next map.
+const MutableParamMapOptions = "mapOptions"
+
+func validateMutable(mutable map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(mutable)) {
+		switch k {
+		case MutableParamMapOptions:
+			if !mapOptionsRe.MatchString(mutable[k]) {
+				return errdefs.InvalidArgument("mutable parameter %s=%q may hold only letters, digits and _=,.:-", k, mutable[k])
+			}
+		default:
+			return errdefs.InvalidArgument("mutable parameter %q is not supported by the rbd backend (it supports %s)", k, MutableParamMapOptions)
+		}
+	}
+	return nil
+}
+
+// rbdDF is the part of "ceph df --format json" the store reads.
+type rbdDF struct {
+	Pools []struct {
+		Name  string `json:"name"`
+		Stats struct {
+			MaxAvail int64 `json:"max_avail"`
+		} `json:"stats"`
+	} `json:"pools"`
+}
+
+// provisioned sums the sizes of the instance's images (volumes, snapshot
+// copies, images being built).
+func (s *Store) provisioned(ctx context.Context) (int64, error) {
+	all, err := s.listImages(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, e := range all {
+		if strings.HasPrefix(e.Image, volumePrefix) || strings.HasPrefix(e.Image, snapPrefix) || strings.HasPrefix(e.Image, tmpPrefix) {
+			n += e.Size
+		}
+	}
+	return n, nil
+}
+
+// checkRoom refuses to provision extra bytes beyond MaxProvisionedBytes.
+// RBD images are thin; without a cap the pool's own ENOSPC is the limit.
+func (s *Store) checkRoom(ctx context.Context, extra int64) error {
+	if s.cfg.MaxProvisionedBytes <= 0 {
+		return nil
+	}
+	n, err := s.provisioned(ctx)
+	if err != nil {
+		return err
+	}
+	if n+extra > s.cfg.MaxProvisionedBytes {
+		return errdefs.Exhausted("%s has %d of its %d bytes provisioned; %d more do not fit", s.key, n, s.cfg.MaxProvisionedBytes, extra)
+	}
+	return nil
+}
+
+// Capacity implements backend.ImageStore: the pool's max_avail from
+// "ceph df", capped by what MaxProvisionedBytes leaves.
+func (s *Store) Capacity(ctx context.Context) (backend.Capacity, error) {
+	var df rbdDF
+	out, err := s.c.ceph(ctx, "df", "--format", "json")
+	if err != nil {
+		return backend.Capacity{}, err
+	}
+	if err := json.Unmarshal(out, &df); err != nil {
+		return backend.Capacity{}, fmt.Errorf("ceph df: cannot parse its JSON output: %w", err)
+	}
+	avail := int64(-1)
+	for _, p := range df.Pools {
+		if p.Name == s.cfg.Pool {
+			avail = p.Stats.MaxAvail
+		}
+	}
+	if avail < 0 {
+		return backend.Capacity{}, errdefs.Unavailable("ceph df does not list pool %s", s.cfg.Pool)
+	}
+	if s.cfg.MaxProvisionedBytes > 0 {
+		n, err := s.provisioned(ctx)
+		if err != nil {
+			return backend.Capacity{}, err
+		}
+		avail = min(avail, max(0, s.cfg.MaxProvisionedBytes-n))
+	}
+	return backend.Capacity{AvailableBytes: avail, MaximumVolumeBytes: avail}, nil
+}
+
+// Probe implements backend.ImageStore: the pool answers.
+func (s *Store) Probe(ctx context.Context) error {
+	var names []string
+	if err := s.c.rbdJSON(ctx, &names, "ls", s.cfg.Pool); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pool %s of Ceph cluster %s is not reachable", s.cfg.Pool, s.cfg.ClusterID)
+	}
+	return nil
+}
+
+// keyedMutex is one mutex per key, dropped when unused.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lock locks key and returns the unlock function.
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyedEntry{}
+	}
+	e := k.locks[key]
+	if e == nil {
+		e = &keyedEntry{}
+		k.locks[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}
