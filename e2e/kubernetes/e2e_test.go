@@ -70,7 +70,9 @@ func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 		VolumeId: pv.Spec.CSI.VolumeHandle, NodeId: c.node,
 		VolumeCapability: &csi.VolumeCapability{
 			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			// The attacher asks for ReadWriteOnce as SINGLE_NODE_MULTI_WRITER
+			// (several pods of one node), which the driver supports.
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
 		},
 	})
 	if err != nil {
@@ -286,20 +288,21 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 	}
 }
 
-// 7. A pod on a second node while the first holds a single-node volume:
-// the VolumeAttachment for the second node shows an attachError naming the
-// node that holds the volume, as `kubectl get volumeattachment -o yaml`
-// shows it to an operator.
-//
-// The claim is ReadWriteOncePod: for a ReadWriteOnce PV the attach-detach
-// controller refuses a second node itself (a Multi-Attach event on the pod)
-// and never asks the driver; ReadWriteOncePod reaches the driver as
-// SINGLE_NODE_SINGLE_WRITER, where the backend's exclusivity decides.
+// 7. A pod on a second node while the first holds the RWO volume. Two
+// layers refuse it, and an operator sees both:
+//   - the attach-detach controller, which attaches a ReadWriteOnce (or
+//     ReadWriteOncePod) volume to one node only: a Multi-Attach event on the
+//     pod, and no VolumeAttachment for the second node;
+//   - the driver, when a VolumeAttachment for the second node exists anyway
+//     (the controller's view was stale, e.g. after it force-detached from
+//     a node it believed down): ControllerPublishVolume is refused, and the
+//     VolumeAttachment's status.attachError names the node that holds the
+//     volume, as `kubectl get volumeattachment -o yaml` shows it.
 func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	c := connect(t)
 	ns := c.namespace(t)
 	ctx := context.Background()
-	_, pv := c.claim(t, ns, "exclusive", claimOptions{accessMode: corev1.ReadWriteOncePod})
+	_, pv := c.claim(t, ns, "exclusive", claimOptions{})
 	c.pod(t, ns, "holder", "exclusive", podOptions{args: []string{"pause"}})
 	c.waitPod(t, ns, "holder", corev1.PodRunning)
 
@@ -312,10 +315,12 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	if _, err := c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create node %s: %v", other, err)
 	}
+	staleVA := "spindle-e2e-stale-attachment"
 	t.Cleanup(func() {
 		zero := int64(0)
 		// No kubelet confirms the pod's end: delete it at once.
 		_ = c.client.CoreV1().Pods(ns).Delete(ctx, "mover", metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		_ = c.client.StorageV1().VolumeAttachments().Delete(ctx, staleVA, metav1.DeleteOptions{})
 		_ = c.client.StorageV1().CSINodes().Delete(ctx, other, metav1.DeleteOptions{})
 		_ = c.client.CoreV1().Nodes().Delete(ctx, other, metav1.DeleteOptions{})
 		c.waitFor(t, "the second node's VolumeAttachment gone", func(ctx context.Context) (bool, error) {
@@ -334,14 +339,39 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 		t.Fatalf("create CSINode %s: %v", other, err)
 	}
 	c.pod(t, ns, "mover", "exclusive", podOptions{node: other, args: []string{"pause"}})
+	c.waitFor(t, "a Multi-Attach event on the second node's pod", func(ctx context.Context) (bool, error) {
+		events, err := c.client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=mover"})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "FailedAttachVolume" && strings.Contains(e.Message, "Multi-Attach error") {
+				t.Logf("event on pod mover: %s", e.Message)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if vas, err := c.attachmentsOf(ctx, pv.Name); err != nil || len(vas) != 1 || vas[0].Spec.NodeName != c.node {
+		t.Fatalf("VolumeAttachments of %s: %+v (%v), want only the holder's", pv.Name, vas, err)
+	}
 
+	// The stale view: a VolumeAttachment for the second node, as the
+	// attach-detach controller writes it.
+	pvName := pv.Name
+	stale := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: staleVA}, Spec: storagev1.VolumeAttachmentSpec{
+		Attacher: driverName, NodeName: other, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}}}
+	if _, err := c.client.StorageV1().VolumeAttachments().Create(ctx, stale, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create VolumeAttachment %s: %v", staleVA, err)
+	}
 	va := c.attachment(t, pv.Name, other, "with an attachError", func(a *storagev1.VolumeAttachment) bool { return a.Status.AttachError != nil })
 	msg := va.Status.AttachError.Message
 	t.Logf("VolumeAttachment %s attachError: %s", va.Name, msg)
 	if va.Status.Attached {
 		t.Fatal("the second node's VolumeAttachment says attached")
 	}
-	for _, want := range []string{"FailedPrecondition", c.node, pv.Spec.CSI.VolumeHandle} {
+	image := pv.Spec.CSI.VolumeHandle[strings.LastIndex(pv.Spec.CSI.VolumeHandle, "/")+1:]
+	for _, want := range []string{"FailedPrecondition", `"` + c.node + `"`, image} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("attachError %q does not mention %q", msg, want)
 		}
