@@ -159,11 +159,10 @@ func TestServerDryRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f := filepath.Join(t.TempDir(), "manifest.yaml")
-			if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--request-timeout=30s", "apply", "--dry-run=server", "-f", f)
+			// On stdin: kubectl splits a -f path at commas, and the
+			// subtests' temporary directories have them.
+			cmd := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--request-timeout=30s", "apply", "--dry-run=server", "-f", "-")
+			cmd.Stdin = strings.NewReader(manifest)
 			start := time.Now()
 			out, err := cmd.CombinedOutput()
 			if err != nil {

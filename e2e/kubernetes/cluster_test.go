@@ -333,7 +333,13 @@ func (c *cluster) controllerSocket(t *testing.T) string {
 	if len(sockets) != 1 {
 		t.Fatalf("controller sockets under %s: %v, want one", c.kubeletDir(), sockets)
 	}
-	return sockets[0]
+	// The path is longer than a socket address may be (108 bytes); a short
+	// symlink reaches the same socket.
+	link := filepath.Join(t.TempDir(), "controller.sock")
+	if err := os.Symlink(sockets[0], link); err != nil {
+		t.Fatal(err)
+	}
+	return link
 }
 
 // csiClient talks to the driver's controller socket, as the sidecars do, so

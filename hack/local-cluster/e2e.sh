@@ -39,8 +39,13 @@ for deploy in ${DEPLOYS:-process helm}; do
 
   t=$SECONDS
   out=$(mktemp)
-  SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE \
-    go test -count=1 -v -timeout 30m ./e2e/kubernetes/ 2>&1 | tee "$out"
+  packages=(./e2e/kubernetes/)
+  # With the chart deployed, also the chart's tests that need a cluster:
+  # every rendering through the apiserver's dry run, every sidecar flag
+  # known to the sidecar binaries.
+  [ "$deploy" = helm ] && packages+=(./e2e/chart/)
+  SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE SPINDLE_HELM=$("$REPO/hack/helm.sh") \
+    go test -count=1 -v -timeout 30m "${packages[@]}" 2>&1 | tee "$out"
   phase "tests ($deploy)" $((SECONDS - t))
   passed=$(grep -c '^--- PASS' "$out")
   failed=$(grep -c '^--- FAIL' "$out")
