@@ -314,7 +314,7 @@ func TestLoadFileRejectsRBD(t *testing.T) {
 			"userID and keyFile go together", "backends[0].rbd.fuseDir",
 		}},
 		{"no monitors", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p}}\n", []string{"backends[0].rbd.monitors", "at least one"}},
-		{"section of another type", "backends:\n  - {type: loop, name: a, loop: {poolDir: /p}, rbd: {clusterID: c, pool: p, monitors: [m:1]}}\n", []string{"backends[0]", "another type"}},
+		{"section of another type", "backends:\n  - {type: loop, name: a, loop: {poolDir: /p}, rbd: {clusterID: c, pool: p, monitors: [m:1]}}\n", []string{"backends[0]", "does not belong to type"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

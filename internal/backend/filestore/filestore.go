@@ -676,6 +676,23 @@ func (s *Store) Node(_ context.Context, nodeID string) (*backend.NodeInfo, error
 	return info, err
 }
 
+// NodeFor returns the registered node att is for, as an exporter's Publish
+// needs it. For a node that never registered, a volume another node holds
+// is refused for that reason first: "published to node A" is what an
+// operator moving a pod needs to read, whether or not the new node has
+// registered yet.
+func (s *Store) NodeFor(ctx context.Context, imageID string, att backend.Attachment) (*backend.NodeInfo, error) {
+	node, err := s.Node(ctx, att.NodeID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		if img, getErr := s.Get(ctx, imageID); getErr == nil {
+			if _, conflict := backend.Admit(img, att); conflict != nil {
+				return nil, conflict
+			}
+		}
+	}
+	return node, err
+}
+
 func (s *Store) readNode(path string) (*backend.NodeInfo, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -91,7 +91,7 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 	if err != nil {
 		return nil, err
 	}
-	node, err := e.store.Node(ctx, att.NodeID)
+	node, err := e.store.NodeFor(ctx, imageID, att)
 	if err != nil {
 		return nil, err
 	}

@@ -133,16 +133,8 @@ func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) er
 // count and the new attachment happen under one pool lock, so two publishes
 // racing for the last slot cannot both win.
 func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
-	node, err := e.store.Node(ctx, att.NodeID)
+	node, err := e.store.NodeFor(ctx, imageID, att)
 	if err != nil {
-		// A volume another node holds is refused for that reason first:
-		// "published to node A" is what an operator moving a pod needs
-		// to read, whether or not the new node has registered yet.
-		if img, getErr := e.store.Get(ctx, imageID); getErr == nil {
-			if _, conflict := backend.Admit(img, att); conflict != nil {
-				return nil, conflict
-			}
-		}
 		return nil, err
 	}
 	admit := func(img *backend.Image, others []*backend.Image) error {

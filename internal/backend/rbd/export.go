@@ -63,11 +63,13 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 	if err != nil {
 		return nil, err
 	}
-	node, err := s.lookupNode(ctx, att.NodeID)
+	// Admission first: a volume another node holds is refused naming the
+	// holder even to a node that never registered.
+	already, err := backend.Admit(img, att)
 	if err != nil {
 		return nil, err
 	}
-	already, err := backend.Admit(img, att)
+	node, err := s.lookupNode(ctx, att.NodeID)
 	if err != nil {
 		return nil, err
 	}
