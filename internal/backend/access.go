@@ -51,3 +51,36 @@ func Detached(atts []Attachment, nodeID string) ([]Attachment, bool) {
 	}
 	return out, found
 }
+
+// OneWriterNode is the access check of a backend whose images hold one
+// filesystem (or raw device) that one kernel caches: any single-node mode,
+// and multi-node read-only; no multi-node writers, which would need a
+// cluster filesystem. backendName and why go into the refusal, e.g. "loop"
+// and "a loop image can be written from one node only".
+func OneWriterNode(backendName, why string, t AccessType, m AccessMode) error {
+	switch {
+	case t != AccessMount && t != AccessBlock:
+		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
+	case m.SingleNode(), m == MultiNodeReaderOnly:
+		return nil
+	case m == MultiNodeSingleWriter || m == MultiNodeMultiWriter:
+		return errdefs.InvalidArgument("access mode %s is not supported by the %s backend: %s", m, backendName, why)
+	default:
+		return errdefs.InvalidArgument("access mode %q is not supported by the %s backend", m, backendName)
+	}
+}
+
+// PublishedTo counts the images published to nodeID, for an exporter that
+// enforces a node's MaxVolumesPerNode.
+func PublishedTo(imgs []*Image, nodeID string) int64 {
+	var n int64
+	for _, img := range imgs {
+		for _, a := range img.Attachments {
+			if a.NodeID == nodeID {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}

@@ -68,3 +68,50 @@ func TestDetached(t *testing.T) {
 		t.Fatal("unknown node reported as found")
 	}
 }
+
+func TestOneWriterNode(t *testing.T) {
+	tests := []struct {
+		t       AccessType
+		m       AccessMode
+		mention []string // empty: allowed
+	}{
+		{AccessMount, SingleNodeWriter, nil},
+		{AccessBlock, SingleNodeMultiWriter, nil},
+		{AccessMount, MultiNodeReaderOnly, nil},
+		{AccessMount, MultiNodeMultiWriter, []string{"MULTI_NODE_MULTI_WRITER", "the test backend", "one node only"}},
+		{AccessBlock, MultiNodeSingleWriter, []string{"MULTI_NODE_SINGLE_WRITER", "test"}},
+		{"fuse", SingleNodeWriter, []string{`"fuse"`, "neither mount nor block"}},
+		{AccessMount, "EVERYWHERE", []string{`"EVERYWHERE"`}},
+	}
+	for _, tt := range tests {
+		err := OneWriterNode("test", "one node only", tt.t, tt.m)
+		if len(tt.mention) == 0 {
+			if err != nil {
+				t.Errorf("%s %s: %v", tt.t, tt.m, err)
+			}
+			continue
+		}
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s %s: error %v, want invalid argument", tt.t, tt.m, err)
+			continue
+		}
+		for _, w := range tt.mention {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s %s: %q does not mention %q", tt.t, tt.m, err, w)
+			}
+		}
+	}
+}
+
+func TestPublishedTo(t *testing.T) {
+	imgs := []*Image{
+		{Attachments: []Attachment{{NodeID: "a"}, {NodeID: "b"}}},
+		{Attachments: []Attachment{{NodeID: "a"}}},
+		{},
+	}
+	for node, want := range map[string]int64{"a": 2, "b": 1, "c": 0} {
+		if got := PublishedTo(imgs, node); got != want {
+			t.Errorf("PublishedTo(%s) = %d, want %d", node, got, want)
+		}
+	}
+}

@@ -676,6 +676,19 @@ func (s *Store) Node(_ context.Context, nodeID string) (*backend.NodeInfo, error
 	return info, err
 }
 
+// RecordFormatted notes in the image's metadata that it now holds fsType,
+// for the attachers of the backends that keep their images here.
+func (s *Store) RecordFormatted(ctx context.Context, imageID, fsType string) error {
+	_, err := s.Update(ctx, imageID, func(img *backend.Image) error {
+		if img.Formatted && img.FsType == fsType {
+			return ErrUnchanged
+		}
+		img.Formatted, img.FsType = true, fsType
+		return nil
+	})
+	return err
+}
+
 // NodeFor returns the registered node att is for, as an exporter's Publish
 // needs it. For a node that never registered, a volume another node holds
 // is refused for that reason first: "published to node A" is what an

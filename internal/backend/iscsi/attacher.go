@@ -194,14 +194,7 @@ func (a *Attacher) CheckImage(ctx context.Context, imageID string) error {
 
 // RecordFormatted implements backend.Attacher.
 func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
-	_, err := a.store.Update(ctx, imageID, func(img *backend.Image) error {
-		if img.Formatted && img.FsType == fsType {
-			return filestore.ErrUnchanged
-		}
-		img.Formatted, img.FsType = true, fsType
-		return nil
-	})
-	return err
+	return a.store.RecordFormatted(ctx, imageID, fsType)
 }
 
 // RegisterNode implements backend.Attacher.

@@ -43,16 +43,7 @@ var _ backend.Exporter = (*Exporter)(nil)
 // written from one node only (no cluster filesystem coordinates writers),
 // and shared across nodes read-only.
 func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
-	switch {
-	case t != backend.AccessMount && t != backend.AccessBlock:
-		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
-	case m.SingleNode(), m == backend.MultiNodeReaderOnly:
-		return nil
-	case m == backend.MultiNodeSingleWriter || m == backend.MultiNodeMultiWriter:
-		return errdefs.InvalidArgument("access mode %s is not supported by the iscsi backend: a LUN of a file image can be written from one node only", m)
-	default:
-		return errdefs.InvalidArgument("access mode %q is not supported by the iscsi backend", m)
-	}
+	return backend.OneWriterNode("iscsi", "a LUN of a file image can be written from one node only", t, m)
 }
 
 // targetIQN is the IQN of the image's target.
@@ -103,7 +94,7 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 		before := img.Clone()
 		if !already {
 			if limit := node.MaxVolumesPerNode; limit > 0 {
-				if n := publishedTo(others, att.NodeID); n >= limit {
+				if n := backend.PublishedTo(others, att.NodeID); n >= limit {
 					return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", att.NodeID, n, e.key, limit)
 				}
 			}
@@ -199,20 +190,6 @@ func keepCHAP(x Export) Export {
 const keepAccounts = " keep "
 
 func (c *CHAP) keep() bool { return c != nil && c.User == keepAccounts }
-
-// publishedTo counts the images published to nodeID.
-func publishedTo(imgs []*backend.Image, nodeID string) int64 {
-	var n int64
-	for _, img := range imgs {
-		for _, a := range img.Attachments {
-			if a.NodeID == nodeID {
-				n++
-				break
-			}
-		}
-	}
-	return n
-}
 
 // Unpublish implements backend.Exporter: the node's initiator leaves the
 // ACL and loses its sessions; the last one takes the target with it.

@@ -116,16 +116,7 @@ var _ backend.Exporter = (*Exporter)(nil)
 // one kernel caches; it can be written from one node only, and shared across
 // nodes only read-only.
 func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
-	switch {
-	case t != backend.AccessMount && t != backend.AccessBlock:
-		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
-	case m.SingleNode(), m == backend.MultiNodeReaderOnly:
-		return nil
-	case m == backend.MultiNodeSingleWriter || m == backend.MultiNodeMultiWriter:
-		return errdefs.InvalidArgument("access mode %s is not supported by the loop backend: a loop image can be written from one node only", m)
-	default:
-		return errdefs.InvalidArgument("access mode %q is not supported by the loop backend", m)
-	}
+	return backend.OneWriterNode("loop", "a loop image can be written from one node only", t, m)
 }
 
 // Publish implements backend.Exporter. A node registered with a
@@ -146,7 +137,7 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 			return filestore.ErrUnchanged
 		}
 		if limit := node.MaxVolumesPerNode; limit > 0 {
-			if n := publishedTo(others, att.NodeID); n >= limit {
+			if n := backend.PublishedTo(others, att.NodeID); n >= limit {
 				return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", att.NodeID, n, e.name, limit)
 			}
 		}
@@ -173,20 +164,6 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 		ContextImagePath:        e.store.ImagePath(imageID),
 		backend.ContextReadOnly: strconv.FormatBool(readOnly),
 	}, nil
-}
-
-// publishedTo counts the images published to nodeID.
-func publishedTo(imgs []*backend.Image, nodeID string) int64 {
-	var n int64
-	for _, img := range imgs {
-		for _, a := range img.Attachments {
-			if a.NodeID == nodeID {
-				n++
-				break
-			}
-		}
-	}
-	return n
 }
 
 // Unpublish implements backend.Exporter.
@@ -425,14 +402,7 @@ func (a *Attacher) CheckImage(ctx context.Context, imageID string) error {
 
 // RecordFormatted implements backend.Attacher.
 func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
-	_, err := a.store.Update(ctx, imageID, func(img *backend.Image) error {
-		if img.Formatted && img.FsType == fsType {
-			return filestore.ErrUnchanged
-		}
-		img.Formatted, img.FsType = true, fsType
-		return nil
-	})
-	return err
+	return a.store.RecordFormatted(ctx, imageID, fsType)
 }
 
 // RegisterNode implements backend.Attacher.

@@ -39,16 +39,7 @@ var _ backend.Exporter = (*Exporter)(nil)
 // read-only. (Multi-node writers need a cluster filesystem; block-mode
 // multi-writer is left out until a user needs it.)
 func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
-	switch {
-	case t != backend.AccessMount && t != backend.AccessBlock:
-		return errdefs.InvalidArgument("access type %q is neither mount nor block", t)
-	case m.SingleNode(), m == backend.MultiNodeReaderOnly:
-		return nil
-	case m == backend.MultiNodeSingleWriter || m == backend.MultiNodeMultiWriter:
-		return errdefs.InvalidArgument("access mode %s is not supported by the rbd backend: an image is written from one node at a time", m)
-	default:
-		return errdefs.InvalidArgument("access mode %q is not supported by the rbd backend", m)
-	}
+	return backend.OneWriterNode("rbd", "an image is written from one node at a time", t, m)
 }
 
 // Publish implements backend.Exporter.
