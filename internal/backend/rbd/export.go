@@ -216,16 +216,7 @@ func (s *Store) checkNodeLimit(ctx context.Context, node backend.NodeInfo, image
 	if err != nil {
 		return err
 	}
-	var n int64
-	for _, img := range imgs {
-		for _, a := range img.Attachments {
-			if a.NodeID == nodeID {
-				n++
-				break
-			}
-		}
-	}
-	if n >= limit {
+	if n := backend.PublishedTo(imgs, nodeID); n >= limit {
 		return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", nodeID, n, s.key, limit)
 	}
 	return nil
