@@ -227,6 +227,14 @@ type Exporter interface {
 	Unpublish(ctx context.Context, imageID, nodeID string) error
 }
 
+// Reconciler is implemented by exporters whose export state lives outside
+// the image store and can be lost (tgtd forgets its targets when it
+// restarts): a controller calls Reconcile when it starts, to re-apply the
+// export of every published volume from the store.
+type Reconciler interface {
+	Reconcile(ctx context.Context) error
+}
+
 // ContextReadOnly is the publish_context key, common to all backends, that
 // tells the node the controller granted read-only access.
 const ContextReadOnly = "readOnly"

@@ -83,17 +83,6 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 			inst, err = loop.New(b.Name, *b.Loop, run)
 		case iscsi.Type:
 			inst, err = iscsi.New(b.Name, *b.ISCSI, run)
-			if err == nil && opts.Mode.Controller() {
-				// tgtd forgets its targets when it restarts: re-apply
-				// every published volume's export from the pool. A target
-				// host that is down now is no reason not to serve: Probe
-				// reports it, and each volume's next publish re-applies it.
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				if rerr := inst.Exporter.(*iscsi.Exporter).Reconcile(ctx); rerr != nil {
-					log.Warn("could not re-apply the exports of published volumes", zap.String("backend", b.Key()), zap.Error(rerr))
-				}
-				cancel()
-			}
 		case rbd.Type:
 			inst, err = rbd.New(b.Name, *b.RBD, run)
 		default:
@@ -101,6 +90,17 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		}
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: %w", b.Key(), err)
+		}
+		if r, ok := inst.Exporter.(backend.Reconciler); ok && opts.Mode.Controller() {
+			// Export state outside the store may have been lost (tgtd
+			// forgets its targets when it restarts). A target host that
+			// is down now is no reason not to serve: Probe reports it, and
+			// each volume's next publish re-applies its export.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if rerr := r.Reconcile(ctx); rerr != nil {
+				log.Warn("could not re-apply the exports of published volumes", zap.String("backend", b.Key()), zap.Error(rerr))
+			}
+			cancel()
 		}
 		instances[inst.Key()] = inst
 	}

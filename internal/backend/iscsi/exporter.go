@@ -38,6 +38,7 @@ type Exporter struct {
 }
 
 var _ backend.Exporter = (*Exporter)(nil)
+var _ backend.Reconciler = (*Exporter)(nil)
 
 // SupportsAccess implements backend.Exporter. A LUN of a file image may be
 // written from one node only (no cluster filesystem coordinates writers),
