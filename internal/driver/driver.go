@@ -96,6 +96,21 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 			}
 		case rbd.Type:
 			inst, err = rbd.New(b.Name, *b.RBD, run)
+			if err == nil && opts.Mode.Controller() {
+				// Remove what crashed Creates left in the pool (temporary
+				// images and copy snapshots older than rbd.LeftoverAge).
+				// A cluster that does not answer now is no reason not to
+				// serve: the next start sweeps again.
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				removed, serr := inst.Store.(*rbd.Store).Sweep(ctx)
+				cancel()
+				for _, r := range removed {
+					log.Info("removed a leftover of an interrupted create", zap.String("backend", b.Key()), zap.String("rbd", r))
+				}
+				if serr != nil {
+					log.Warn("could not sweep the pool for leftovers of interrupted creates", zap.String("backend", b.Key()), zap.Error(serr))
+				}
+			}
 		default:
 			err = fmt.Errorf("unknown backend type %q", b.Type)
 		}
