@@ -65,11 +65,13 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 	if err != nil {
 		return nil, err
 	}
-	node, err := s.lookupNode(ctx, att.NodeID)
+	// A volume another node holds is refused naming the holder, whoever
+	// asks; only then does the asking node have to be registered.
+	already, err := backend.Admit(img, att)
 	if err != nil {
 		return nil, err
 	}
-	already, err := backend.Admit(img, att)
+	node, err := s.lookupNode(ctx, att.NodeID)
 	if err != nil {
 		return nil, err
 	}
