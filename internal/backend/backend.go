@@ -227,12 +227,13 @@ type Exporter interface {
 	Unpublish(ctx context.Context, imageID, nodeID string) error
 }
 
-// Reconciler is implemented by exporters whose export state lives outside
-// the image store and can be lost (tgtd forgets its targets when it
-// restarts): a controller calls Reconcile when it starts, to re-apply the
-// export of every published volume from the store.
+// Reconciler is implemented by image stores and exporters whose state can
+// be left inconsistent by a crash or a restart elsewhere: an iSCSI exporter
+// re-applies the targets tgtd forgot when it restarted; an RBD store removes
+// the temporary images of interrupted creates. A controller calls Reconcile
+// when it opens the instance; it returns what it changed, for the log.
 type Reconciler interface {
-	Reconcile(ctx context.Context) error
+	Reconcile(ctx context.Context) (changed []string, err error)
 }
 
 // ContextReadOnly is the publish_context key, common to all backends, that

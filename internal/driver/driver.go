@@ -91,21 +91,35 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: %w", b.Key(), err)
 		}
-		if r, ok := inst.Exporter.(backend.Reconciler); ok && opts.Mode.Controller() {
-			// Export state outside the store may have been lost (tgtd
-			// forgets its targets when it restarts). A target host that
-			// is down now is no reason not to serve: Probe reports it, and
-			// each volume's next publish re-applies its export.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			if rerr := r.Reconcile(ctx); rerr != nil {
-				log.Warn("could not re-apply the exports of published volumes", zap.String("backend", b.Key()), zap.Error(rerr))
-			}
-			cancel()
+		if opts.Mode.Controller() {
+			reconcile(inst, log)
 		}
 		instances[inst.Key()] = inst
 	}
 	d = newDriver(opts, version, instances, file.Default(), node.New(run), log)
 	return d, nil
+}
+
+// reconcile repairs what a crash or a restart elsewhere left behind in an
+// instance (backend.Reconciler), as a controller opens it. A backend that
+// does not answer now is no reason not to serve: Probe reports it, and the
+// next start (for iSCSI, each volume's next publish) repairs it.
+func reconcile(inst *backend.Instance, log *zap.Logger) {
+	for _, part := range []any{inst.Store, inst.Exporter} {
+		r, ok := part.(backend.Reconciler)
+		if !ok {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		changed, err := r.Reconcile(ctx)
+		cancel()
+		for _, c := range changed {
+			log.Info("repaired backend state", zap.String("backend", inst.Key()), zap.String("change", c))
+		}
+		if err != nil {
+			log.Warn("could not repair backend state", zap.String("backend", inst.Key()), zap.Error(err))
+		}
+	}
 }
 
 // newDriver assembles a driver from backend instances and a node data path

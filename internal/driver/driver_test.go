@@ -223,7 +223,8 @@ func TestNew(t *testing.T) {
 	})
 
 	// An iscsi instance whose tgtd is down: the controller still starts
-	// (Probe says what is wrong) and warns that it could not re-apply exports.
+	// (Probe says what is wrong) and warns that it could not repair the
+	// exports (backend.Reconciler).
 	t.Run("iscsi instance with its target host down", func(t *testing.T) {
 		dir := t.TempDir()
 		cfg := filepath.Join(dir, "config.yaml")
@@ -241,8 +242,9 @@ func TestNew(t *testing.T) {
 		if d.defaultInstance != "iscsi/san" {
 			t.Fatalf("default instance %q", d.defaultInstance)
 		}
-		if w := logs.FilterMessageSnippet("re-apply the exports").All(); len(w) != 1 {
-			t.Fatalf("warnings %v, want one about re-applying exports", logs.All())
+		w := logs.FilterMessageSnippet("could not repair backend state").All()
+		if len(w) != 1 || w[0].ContextMap()["backend"] != "iscsi/san" {
+			t.Fatalf("warnings %v, want one about repairing iscsi/san", logs.All())
 		}
 	})
 

@@ -218,16 +218,18 @@ func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error 
 // every published volume gets its target back (those published with CHAP
 // locked, with an empty ACL, until their next publish brings the
 // credentials); targets of this instance that belong to no published volume
-// go. A controller runs it when it starts.
-func (e *Exporter) Reconcile(ctx context.Context) error {
+// go. A controller runs it when it starts (backend.Reconciler); it returns
+// the targets it rebuilt or removed.
+func (e *Exporter) Reconcile(ctx context.Context) ([]string, error) {
 	imgs, err := e.store.List(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	existing, err := e.tool.Targets(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var changed []string
 	var errs []error
 	want := map[string]bool{}
 	for _, img := range imgs {
@@ -253,6 +255,10 @@ func (e *Exporter) Reconcile(ctx context.Context) error {
 		}
 		if err := e.tool.Apply(ctx, x); err != nil {
 			errs = append(errs, fmt.Errorf("volume %s: %w", img.ID, err))
+			continue
+		}
+		if !slices.Contains(existing, iqn) {
+			changed = append(changed, "rebuilt target "+iqn)
 		}
 	}
 	ours := e.cfg.TargetPrefix + ":" + e.instance + "."
@@ -260,10 +266,12 @@ func (e *Exporter) Reconcile(ctx context.Context) error {
 		if strings.HasPrefix(iqn, ours) && !want[iqn] {
 			if err := e.tool.Remove(ctx, iqn); err != nil {
 				errs = append(errs, err)
+				continue
 			}
+			changed = append(changed, "removed target "+iqn)
 		}
 	}
-	return errors.Join(errs...)
+	return changed, errors.Join(errs...)
 }
 
 func (e *Exporter) recordPath(id string) string {

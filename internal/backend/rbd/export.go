@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/command"
 
@@ -109,9 +111,15 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 // from it (Kubernetes' non-graceful node shutdown). Until the blocklist
 // entry expires (an hour, Ceph's default) those clients can no longer
 // write to any image, so the new node cannot be corrupted by the old one.
+//
+// It returns once the watchers are gone: "ceph osd blocklist add" returns
+// when the monitors have committed the entry, and the OSDs drop a
+// blocklisted client's watches only when they see the new OSD map; a
+// publish that returned before then would have the new node's stage
+// refused for a watcher that is already fenced.
 func (s *Store) fence(ctx context.Context, image, newNode string) error {
 	addrs, err := s.watchers(ctx, image)
-	if err != nil {
+	if err != nil || len(addrs) == 0 {
 		return err
 	}
 	for _, a := range addrs {
@@ -119,8 +127,30 @@ func (s *Store) fence(ctx context.Context, image, newNode string) error {
 			return errdefs.Wrap(errdefs.ErrPrecondition, err, "fencing: cannot blocklist client %s that still has image %s open before publishing it to node %q", a, s.spec(image), newNode)
 		}
 	}
-	return nil
+	deadline := time.Now().Add(fenceWait)
+	for {
+		left, err := s.watchers(ctx, image)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(left, func(a string) bool { return slices.Contains(addrs, a) }) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailable("fencing: blocklisted %s, but after %s image %s still has watchers %s; retry the publish to node %q",
+				strings.Join(addrs, ", "), fenceWait, s.spec(image), strings.Join(left, ", "), newNode)
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "fencing: waiting for the blocklisted watchers of image %s to go", s.spec(image))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
+
+// fenceWait bounds how long fence waits for the OSDs to drop the watches
+// of the clients it blocklisted.
+const fenceWait = 30 * time.Second
 
 // Unpublish implements backend.Exporter.
 func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {

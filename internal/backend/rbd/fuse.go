@@ -3,11 +3,14 @@ package rbd
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spindle-csi/spindle/internal/backend/loop"
 	"github.com/spindle-csi/spindle/internal/command"
@@ -145,12 +148,20 @@ func (f *fuseMapper) unmount(ctx context.Context, dir string) error {
 	}
 	if mounted {
 		pid := f.fusePID(dir)
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		if _, err := f.c.run.Run(ctx, "umount", dir); err != nil && !strings.Contains(command.Stderr(err), "not mounted") {
-			return err
+		// umount(2) itself, not umount(8): umount(8) stats and statfs's
+		// the mount point first, and when rbd-fuse no longer answers (its
+		// client was fenced: blocklisted, every call to the cluster retried
+		// forever) that FUSE request waits uninterruptibly, killed or not,
+		// and so would NodeUnstage. The system call never asks rbd-fuse.
+		if err := unix.Unmount(dir, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			if errors.Is(err, unix.EBUSY) {
+				return errdefs.Precondition("rbd-fuse mount %s is still in use: %v", dir, err)
+			}
+			return fmt.Errorf("unmount rbd-fuse at %s: %w", dir, err)
 		}
 		if pid != "" {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
 			f.awaitExit(ctx, pid)
 		}
 	}

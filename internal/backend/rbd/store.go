@@ -94,6 +94,8 @@ type Store struct {
 	nodesMu sync.Mutex
 	nodes   map[string]backend.NodeInfo
 	limitMu sync.Mutex // held while counting a limited node's volumes and publishing
+	// now is the clock Sweep judges ages by (nil: time.Now); tests set it.
+	now func() time.Time
 }
 
 // ImageID returns the image ID a volume of that CSI name gets.
@@ -124,7 +126,9 @@ type rbdImage struct {
 	Size          int64    `json:"size"`
 	Features      []string `json:"features"`
 	SnapshotCount int      `json:"snapshot_count"`
-	Parent        *struct {
+	// CreateTimestamp is ctime(3) in the rbd process's time zone.
+	CreateTimestamp string `json:"create_timestamp"`
+	Parent          *struct {
 		Pool     string `json:"pool"`
 		Image    string `json:"image"`
 		Snapshot string `json:"snapshot"`

@@ -1,0 +1,147 @@
+package rbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+)
+
+// LeftoverAge is how old a temporary image (csi-tmp-*) or a copy snapshot
+// (csi-copy-*) must be before Sweep removes it as the leftover of a
+// controller that crashed in the middle of a CreateVolume or
+// CreateSnapshot. A Create that is still running, in this controller or in
+// another one (a leader that lost its lease mid-call), holds its
+// temporaries for seconds to a few minutes (an "rbd cp" of a large volume);
+// ten minutes leaves a wide margin, and a leftover costs only space until
+// the next controller start.
+const LeftoverAge = 10 * time.Minute
+
+// rbdTimeLayout is how the rbd CLI prints create_timestamp and snapshot
+// timestamps: ctime(3) in the local time zone of the rbd process.
+const rbdTimeLayout = "Mon Jan _2 15:04:05 2006"
+
+func parseRBDTime(s string) (time.Time, error) {
+	return time.ParseInLocation(rbdTimeLayout, strings.Join(strings.Fields(s), " "), time.Local)
+}
+
+// rbdSnapTime is one entry of "rbd snap ls --format json" with its time.
+type rbdSnapTime struct {
+	Name      string `json:"name"`
+	Timestamp string `json:"timestamp"`
+}
+
+// Sweep removes what interrupted Creates left in the pool: temporary
+// images (csi-tmp-*, an image being built when its controller died) and
+// copy snapshots (csi-copy-*, the instant a CSI snapshot was being copied
+// from), each only when it is older than LeftoverAge by the cluster's
+// creation time, so that a Create still running elsewhere is not cut. It
+// returns what it removed ("pool/image", "pool/image@snap") for the log;
+// what it could not remove is in the error and stays for the next start.
+// The controller runs it when it opens the instance, with the instance's
+// own identity (userID + keyFile, or the configFile's keyring).
+func (s *Store) Sweep(ctx context.Context) ([]string, error) {
+	if s.cfg.UserID == "" && s.cfg.ConfigFile == "" {
+		return nil, errdefs.Precondition("cannot sweep %s for crash leftovers: the backend config names no userID and keyFile (nor a configFile) for the controller's own calls", s.key)
+	}
+	var all []rbdListed
+	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+		return nil, err
+	}
+	now := s.clock()
+	var removed []string
+	var errs []error
+	seen := map[string]bool{}
+	for _, e := range all {
+		switch {
+		case e.Snapshot == "" && strings.HasPrefix(e.Image, tmpPrefix):
+			ok, err := s.sweepTemporary(ctx, e.Image, now)
+			if ok {
+				removed = append(removed, s.spec(e.Image))
+			}
+			errs = append(errs, err)
+		case strings.HasPrefix(e.Snapshot, copySnapPrefix) && !strings.HasPrefix(e.Image, tmpPrefix) && !seen[e.Image]:
+			seen[e.Image] = true
+			snaps, err := s.sweepCopySnapshots(ctx, e.Image, now)
+			removed = append(removed, snaps...)
+			errs = append(errs, err)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// clock is the store's time (tests move it forward).
+func (s *Store) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// sweepTemporary removes the temporary image if it is old enough.
+func (s *Store) sweepTemporary(ctx context.Context, image string, now time.Time) (bool, error) {
+	defer s.locks.lock(image)()
+	var info rbdImage
+	if err := s.c.rbdJSON(ctx, &info, "info", s.spec(image)); err != nil {
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			return false, nil // renamed or removed meanwhile
+		}
+		return false, err
+	}
+	at, err := parseRBDTime(info.CreateTimestamp)
+	if err != nil {
+		return false, fmt.Errorf("temporary image %s: create_timestamp %q: %w", s.spec(image), info.CreateTimestamp, err)
+	}
+	if now.Sub(at) < LeftoverAge {
+		return false, nil
+	}
+	if err := s.remove(ctx, image, &info); err != nil {
+		return false, fmt.Errorf("remove temporary image %s, created %s: %w", s.spec(image), at.Format(time.RFC3339), err)
+	}
+	return true, nil
+}
+
+// sweepCopySnapshots removes the image's csi-copy-* snapshots that are old
+// enough.
+func (s *Store) sweepCopySnapshots(ctx context.Context, image string, now time.Time) ([]string, error) {
+	var snaps []rbdSnapTime
+	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, sn := range snaps {
+		if !strings.HasPrefix(sn.Name, copySnapPrefix) {
+			continue
+		}
+		at, err := parseRBDTime(sn.Timestamp)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("snapshot %s@%s: timestamp %q: %w", s.spec(image), sn.Name, sn.Timestamp, err))
+			continue
+		}
+		if now.Sub(at) < LeftoverAge {
+			continue
+		}
+		spec := s.spec(image) + "@" + sn.Name
+		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", spec); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			errs = append(errs, fmt.Errorf("remove copy snapshot %s, taken %s: %w", spec, at.Format(time.RFC3339), err))
+			continue
+		}
+		removed = append(removed, spec)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Reconcile implements backend.Reconciler: a controller sweeps the pool
+// when it opens the instance.
+func (s *Store) Reconcile(ctx context.Context) ([]string, error) { return s.Sweep(ctx) }
+
+var _ backend.Reconciler = (*Store)(nil)
