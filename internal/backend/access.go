@@ -84,3 +84,15 @@ func PublishedTo(imgs []*Image, nodeID string) int64 {
 	}
 	return n
 }
+
+// GrantOf returns nodeID's attachment of img, or ErrPrecondition when
+// ControllerPublish has not granted that node access: a node attaches only
+// what it was published.
+func GrantOf(img *Image, nodeID string) (*Attachment, error) {
+	for i := range img.Attachments {
+		if img.Attachments[i].NodeID == nodeID {
+			return &img.Attachments[i], nil
+		}
+	}
+	return nil, errdefs.Precondition("volume %s is not published to node %q (ControllerPublishVolume has not granted this node access)", img.ID, nodeID)
+}

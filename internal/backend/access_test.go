@@ -115,3 +115,14 @@ func TestPublishedTo(t *testing.T) {
 		}
 	}
 }
+
+func TestGrantOf(t *testing.T) {
+	img := &Image{ID: "pvc-1", Attachments: []Attachment{{NodeID: "a", ReadOnly: true}, {NodeID: "b"}}}
+	if a, err := GrantOf(img, "a"); err != nil || !a.ReadOnly || a.NodeID != "a" {
+		t.Fatalf("GrantOf(a) = %+v, %v", a, err)
+	}
+	_, err := GrantOf(img, "c")
+	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), `"c"`) || !strings.Contains(err.Error(), "pvc-1") {
+		t.Fatalf("GrantOf(c) error = %v, want a precondition naming the node and the volume", err)
+	}
+}

@@ -74,14 +74,9 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 	if err != nil {
 		return nil, err
 	}
-	var att *backend.Attachment
-	for i := range img.Attachments {
-		if img.Attachments[i].NodeID == req.NodeID {
-			att = &img.Attachments[i]
-		}
-	}
-	if att == nil {
-		return nil, errdefs.Precondition("volume %s is not published to node %q (ControllerPublishVolume has not granted this node access)", req.ImageID, req.NodeID)
+	att, err := backend.GrantOf(img, req.NodeID)
+	if err != nil {
+		return nil, err
 	}
 	s, err := a.session(ctx, img, req)
 	if err != nil {

@@ -125,11 +125,10 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 	if err != nil {
 		return nil, err
 	}
+	// The node's grant as recorded: a repeated publish keeps the first.
 	readOnly := att.ReadOnly
-	for _, a := range img.Attachments {
-		if a.NodeID == att.NodeID {
-			readOnly = a.ReadOnly
-		}
+	if granted, err := backend.GrantOf(img, att.NodeID); err == nil {
+		readOnly = granted.ReadOnly
 	}
 	return map[string]string{
 		ContextPortals:          strings.Join(e.cfg.Portals, ","),

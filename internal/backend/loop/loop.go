@@ -154,11 +154,10 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 	if err != nil {
 		return nil, err
 	}
+	// The node's grant as recorded: a repeated publish keeps the first.
 	readOnly := att.ReadOnly
-	for _, a := range img.Attachments {
-		if a.NodeID == att.NodeID {
-			readOnly = a.ReadOnly
-		}
+	if granted, err := backend.GrantOf(img, att.NodeID); err == nil {
+		readOnly = granted.ReadOnly
 	}
 	return map[string]string{
 		ContextImagePath:        e.store.ImagePath(imageID),
@@ -196,14 +195,9 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 	if err != nil {
 		return nil, err
 	}
-	var att *backend.Attachment
-	for i := range img.Attachments {
-		if img.Attachments[i].NodeID == req.NodeID {
-			att = &img.Attachments[i]
-		}
-	}
-	if att == nil {
-		return nil, errdefs.Precondition("volume %s is not published to node %q (ControllerPublishVolume has not granted this node access)", req.ImageID, req.NodeID)
+	att, err := backend.GrantOf(img, req.NodeID)
+	if err != nil {
+		return nil, err
 	}
 	path := a.store.ImagePath(req.ImageID)
 	if p, ok := req.PublishContext[ContextImagePath]; ok && p != path {

@@ -59,14 +59,9 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 	if err != nil {
 		return nil, err
 	}
-	var att *backend.Attachment
-	for i := range img.Attachments {
-		if img.Attachments[i].NodeID == req.NodeID {
-			att = &img.Attachments[i]
-		}
-	}
-	if att == nil {
-		return nil, errdefs.Precondition("volume %s is not published to node %q (ControllerPublishVolume has not granted this node access)", req.ImageID, req.NodeID)
+	att, err := backend.GrantOf(img, req.NodeID)
+	if err != nil {
+		return nil, err
 	}
 	for key, want := range map[string]string{ContextPool: s.cfg.Pool, ContextImage: image} {
 		if got, ok := req.PublishContext[key]; ok && got != want {

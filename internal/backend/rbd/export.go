@@ -85,11 +85,10 @@ func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Atta
 			return nil, err
 		}
 	}
+	// The node's grant as recorded: a repeated publish keeps the first.
 	readOnly := att.ReadOnly
-	for _, a := range img.Attachments {
-		if a.NodeID == att.NodeID {
-			readOnly = a.ReadOnly
-		}
+	if granted, err := backend.GrantOf(img, att.NodeID); err == nil {
+		readOnly = granted.ReadOnly
 	}
 	opts := s.cfg.MapOptions
 	if v, ok := img.MutableParameters[MutableParamMapOptions]; ok {
