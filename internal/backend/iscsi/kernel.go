@@ -15,9 +15,8 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/spindle-csi/spindle/internal/atomicfile"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -372,10 +371,8 @@ func (k *kernel) Disconnect(ctx context.Context, iqn, serial, dev string) error 
 		if _, err := k.identify(iqn, serial, path); err != nil {
 			continue // never touch a disk not proven to be the LUN
 		}
-		if fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0); errors.Is(err, unix.EBUSY) {
+		if busy, _ := blockdev.InUse(path); busy {
 			return errdefs.Precondition("%s (LUN %d of target %s) is still in use (mounted or held open exclusively)", path, devs[path], iqn)
-		} else if err == nil {
-			_ = unix.Close(fd)
 		}
 		// Flush and remove the disk before the session goes.
 		del := filepath.Join(k.sysRoot, "block", filepath.Base(path), "device", "delete")

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -358,12 +359,8 @@ func (u *userspace) Disconnect(ctx context.Context, iqn, _, dev string) error {
 // open); a device the kernel keeps bound because a process still has it
 // open is reported, not assumed released.
 func (u *userspace) detachLoop(ctx context.Context, iqn, lun, dev string) error {
-	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.EBUSY) {
+	if busy, _ := blockdev.InUse(dev); busy {
 		return errdefs.Precondition("loop device %s of target %s is still in use (mounted or held open exclusively)", dev, iqn)
-	}
-	if err == nil {
-		_ = unix.Close(fd)
 	}
 	if _, err := u.run.Run(ctx, "losetup", "--detach", dev); err != nil && !strings.Contains(command.Stderr(err), "No such device") {
 		return err

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -281,20 +282,7 @@ func readAttr(dirfd int, rel string, buf []byte) (value string, bound bool, err 
 // "losetup -d" would not tell us: on a busy device it only arms autoclear and
 // succeeds. A process holding the device open without O_EXCL is not seen
 // here; Attacher.Detach catches that case after the detach (see awaitRelease).
-func (l *losetup) InUse(dev string) (bool, error) {
-	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
-	if err == nil {
-		_ = unix.Close(fd)
-		return false, nil
-	}
-	if errors.Is(err, unix.EBUSY) {
-		return true, nil
-	}
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) {
-		return false, nil
-	}
-	return false, fmt.Errorf("open %s exclusively: %w", dev, err)
-}
+func (l *losetup) InUse(dev string) (bool, error) { return blockdev.InUse(dev) }
 
 func (l *losetup) Available() error {
 	if _, err := os.Stat(filepath.Join(l.devRoot, "loop-control")); err != nil {

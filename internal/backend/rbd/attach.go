@@ -2,13 +2,11 @@ package rbd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -138,7 +136,7 @@ func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error
 		if devicePath != "" && d.Device != devicePath {
 			continue
 		}
-		busy, err := inUse(d.Device)
+		busy, err := blockdev.InUse(d.Device)
 		if err != nil {
 			return err
 		}
@@ -150,23 +148,6 @@ func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error
 		}
 	}
 	return nil
-}
-
-// inUse opens dev exclusively: the kernel refuses that while a filesystem
-// is mounted on it.
-func inUse(dev string) (bool, error) {
-	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
-	if err == nil {
-		_ = unix.Close(fd)
-		return false, nil
-	}
-	if errors.Is(err, unix.EBUSY) {
-		return true, nil
-	}
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) {
-		return false, nil
-	}
-	return false, fmt.Errorf("open %s exclusively: %w", dev, err)
 }
 
 // Devices implements backend.Attacher.
