@@ -618,7 +618,7 @@ func TestRealBindMountsAndStackedUnmount(t *testing.T) {
 	if _, _, ok, err := BlockDeviceAt(blockTarget); ok || err != nil {
 		t.Errorf("after unmount the file is still a device: %v %v", ok, err)
 	}
-	if err := RemoveMountPoint(blockTarget); err != nil {
+	if err := RemoveMountPoint("target_path", blockTarget); err != nil {
 		t.Error(err)
 	}
 

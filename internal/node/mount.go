@@ -233,7 +233,9 @@ const maxStackedMounts = 8
 // failure, since unmounting it lazily would hide a device still in use.
 func (d *DataPath) Unmount(_ context.Context, target string) error {
 	for unmounted := 0; ; unmounted++ {
-		err := d.kernel.Unmount(target, 0)
+		// UMOUNT_NOFOLLOW: a symlink put in place of a mount point is
+		// never followed to unmount whatever it points at.
+		err := d.kernel.Unmount(target, unix.UMOUNT_NOFOLLOW)
 		switch {
 		case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT):
 			return nil
@@ -245,13 +247,4 @@ func (d *DataPath) Unmount(_ context.Context, target string) error {
 			return fmt.Errorf("%s is still mounted after %d unmounts", target, maxStackedMounts+1)
 		}
 	}
-}
-
-// RemoveMountPoint removes a target directory or file once nothing is mounted on it.
-func RemoveMountPoint(path string) error {
-	err := os.Remove(path)
-	if err == nil || errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	return err
 }

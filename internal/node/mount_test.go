@@ -353,7 +353,7 @@ func TestRemoveMountPoint(t *testing.T) {
 		}
 	}
 	for _, p := range []string{empty, file, filepath.Join(dir, "missing")} {
-		if err := RemoveMountPoint(p); err != nil {
+		if err := RemoveMountPoint("target_path", p); err != nil {
 			t.Errorf("RemoveMountPoint(%q): %v", p, err)
 		}
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
@@ -362,7 +362,7 @@ func TestRemoveMountPoint(t *testing.T) {
 	}
 	// A directory with content is never removed recursively: it may be a
 	// volume whose unmount did not happen.
-	if err := RemoveMountPoint(full); err == nil {
+	if err := RemoveMountPoint("target_path", full); err == nil {
 		t.Error("RemoveMountPoint of a non-empty directory succeeded")
 	}
 	if _, err := os.Stat(filepath.Join(full, "data")); err != nil {

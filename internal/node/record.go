@@ -50,7 +50,37 @@ func WriteStageRecord(stagingPath string, rec StageRecord) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteVolatile(StageRecordPath(stagingPath), append(data, '\n'), 0o600)
+	path := StageRecordPath(stagingPath)
+	if err := checkReplaceableRecord(path); err != nil {
+		return err
+	}
+	return atomicfile.WriteVolatile(path, append(data, '\n'), 0o600)
+}
+
+// checkReplaceableRecord refuses to replace what is at a stage record's
+// path unless it is a record (or the empty or torn file a power loss can
+// leave of one): a file of that name that the driver did not write is
+// somebody's data.
+func checkReplaceableRecord(path string) error {
+	st, err := os.Lstat(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return errdefs.Precondition("%s is in the way of the stage record (%s); the node plugin leaves it as it is", path, st.Mode().Type())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rec StageRecord
+	if len(data) > 0 && (json.Unmarshal(data, &rec) != nil || rec.Version == 0 || rec.VolumeID == "") {
+		return errdefs.Precondition("%s is in the way of the stage record and is not one; the node plugin leaves it as it is", path)
+	}
+	return nil
 }
 
 // ReadStageRecord returns the record of stagingPath, or ErrNotFound.
@@ -70,9 +100,22 @@ func ReadStageRecord(stagingPath string) (*StageRecord, error) {
 	return &rec, nil
 }
 
-// RemoveStageRecord deletes the record of stagingPath; a missing one is fine.
+// RemoveStageRecord deletes the record of stagingPath; a missing one is
+// fine. Only a regular file is removed: anything else by that name is not
+// a record the driver wrote.
 func RemoveStageRecord(stagingPath string) error {
-	if err := os.Remove(StageRecordPath(stagingPath)); err != nil && !os.IsNotExist(err) {
+	path := StageRecordPath(stagingPath)
+	st, err := os.Lstat(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return errdefs.Precondition("%s is not a stage record (%s); the node plugin leaves it as it is", path, st.Mode().Type())
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	return nil
