@@ -75,6 +75,10 @@ type Options struct {
 	// NodeID defaults to NodeID; two drivers with different node IDs
 	// play two nodes on one host.
 	NodeID string
+	// AllowedPathRoots are the driver's --allowed-path-root directories,
+	// besides its --kubelet-dir; nil allows the system's temporary
+	// directory, where tests make their staging and target paths.
+	AllowedPathRoots []string
 }
 
 // Start runs a driver in this process (mode all) on a temporary socket and
@@ -104,6 +108,10 @@ func Start(t testing.TB, o Options) *Driver {
 		LogFormat:         "json",
 		LogLevel:          "info",
 		KubeletDir:        filepath.Join(dir, "kubelet"),
+		AllowedPathRoots:  o.AllowedPathRoots,
+	}
+	if opts.AllowedPathRoots == nil {
+		opts.AllowedPathRoots = []string{os.TempDir()}
 	}
 	if o.Metrics {
 		opts.MetricsAddress = "127.0.0.1:0"
@@ -185,6 +193,8 @@ func StartProcess(o ProcessOptions) (*Driver, error) {
 		"--mode=all",
 		"--node-id="+NodeID,
 		"--loop-pool-dir="+o.PoolDir,
+		// The staging and target paths are made in the work directory.
+		"--allowed-path-root="+o.WorkDir,
 		"--log-format=console",
 		"--log-level="+o.LogLevel,
 	)

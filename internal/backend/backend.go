@@ -256,6 +256,14 @@ type Device struct {
 	// read it; a formatted image is never formatted again.
 	Formatted bool
 	FsType    string
+	// AccessType is what the image was created for, when the node can
+	// read it: a block volume's raw data must never be formatted over.
+	AccessType AccessType
+}
+
+// DeviceOf describes the device at path attached for img.
+func DeviceOf(img *Image, path string, readOnly bool) *Device {
+	return &Device{Path: path, ReadOnly: readOnly, Formatted: img.Formatted, FsType: img.FsType, AccessType: img.AccessType}
 }
 
 // Attacher is the node side of a backend.

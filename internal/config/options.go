@@ -61,6 +61,10 @@ type Options struct {
 	// node's inventory (/volumes, the staged gauge) finds the stage
 	// records below its plugins/kubernetes.io/csi.
 	KubeletDir string
+	// AllowedPathRoots are directories besides KubeletDir below which
+	// Node requests may name paths (--allowed-path-root, repeatable):
+	// for test tools such as csi-sanity that use a temporary directory.
+	AllowedPathRoots []string
 }
 
 // AddFlags registers the options on fs, with their defaults.
@@ -82,6 +86,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.PluginRegistrationDir, "plugin-registration-dir", "", "kubelet's plugin registration directory (e.g. /var/lib/kubelet/plugins_registry); when set, the node plugin registers itself with kubelet instead of relying on node-driver-registrar")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "host:port to serve /metrics, /healthz, /volumes (node) and /images (controller) on, e.g. 127.0.0.1:9808; empty serves nothing")
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", DefaultKubeletDir, "kubelet's root directory as this process sees it; the node plugin finds its stage records below <kubelet-dir>/plugins/kubernetes.io/csi")
+	fs.Func("allowed-path-root", "a directory besides --kubelet-dir below which Node requests may name staging and target paths (repeatable; for test tools such as csi-sanity)", func(s string) error {
+		o.AllowedPathRoots = append(o.AllowedPathRoots, s)
+		return nil
+	})
 	fs.StringVar(&o.KubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket's path as kubelet sees it, announced at registration (default: the --endpoint path)")
 }
 
@@ -151,6 +159,19 @@ func (o *Options) Validate() error {
 	if o.Mode.Node() && o.KubeletDir != "" && !filepath.IsAbs(o.KubeletDir) {
 		errs = append(errs, fmt.Errorf("--kubelet-dir=%q: must be an absolute path", o.KubeletDir))
 	}
+	if o.Mode.Node() {
+		for _, r := range o.AllowedPathRoots {
+			if !filepath.IsAbs(r) || filepath.Clean(r) == "/" {
+				errs = append(errs, fmt.Errorf("--allowed-path-root=%q: must be an absolute path other than /", r))
+			}
+		}
+		if filepath.Clean(o.KubeletDir) == "/" {
+			errs = append(errs, errors.New("--kubelet-dir=\"/\": kubelet's directory cannot be /"))
+		}
+		if o.KubeletDir == "" && len(o.AllowedPathRoots) == 0 {
+			errs = append(errs, errors.New("--kubelet-dir is empty and no --allowed-path-root is given: the node plugin would accept no staging or target path"))
+		}
+	}
 	switch o.LogFormat {
 	case "json", "console":
 	default:
@@ -171,6 +192,16 @@ func (o *Options) StageRecordsRoot() string {
 		return ""
 	}
 	return filepath.Join(o.KubeletDir, "plugins", "kubernetes.io", "csi")
+}
+
+// PathRoots are the directories below which the node plugin accepts the
+// paths of Node requests: kubelet's directory and the allowed roots.
+func (o *Options) PathRoots() []string {
+	var roots []string
+	if o.KubeletDir != "" {
+		roots = append(roots, o.KubeletDir)
+	}
+	return append(roots, o.AllowedPathRoots...)
 }
 
 // validateListenAddress checks a TCP listen address: host:port, the host

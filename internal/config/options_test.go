@@ -3,6 +3,7 @@ package config
 import (
 	"flag"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -16,6 +17,7 @@ func validOptions() Options {
 		LoopPoolDir: "/var/lib/spindle/pools/default",
 		LogFormat:   "json",
 		LogLevel:    "info",
+		KubeletDir:  DefaultKubeletDir,
 	}
 }
 
@@ -59,6 +61,12 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "metrics port too large", change: func(o *Options) { o.MetricsAddress = "localhost:65536" }, want: []string{"--metrics-address", "0 to 65535"}},
 		{name: "relative kubelet dir", change: func(o *Options) { o.KubeletDir = "var/lib/kubelet" }, want: []string{`--kubelet-dir="var/lib/kubelet"`, "absolute"}},
 		{name: "controller ignores the kubelet dir", change: func(o *Options) { o.Mode, o.KubeletDir = ModeController, "rel" }},
+		{name: "relative allowed root", change: func(o *Options) { o.AllowedPathRoots = []string{"tmp"} }, want: []string{`--allowed-path-root="tmp"`, "absolute"}},
+		{name: "allowed root /", change: func(o *Options) { o.AllowedPathRoots = []string{"//"} }, want: []string{`--allowed-path-root="//"`, "other than /"}},
+		{name: "kubelet dir /", change: func(o *Options) { o.KubeletDir = "/" }, want: []string{"--kubelet-dir", "cannot be /"}},
+		{name: "no path root at all", change: func(o *Options) { o.KubeletDir = "" }, want: []string{"--kubelet-dir is empty", "--allowed-path-root"}},
+		{name: "allowed roots without kubelet dir", change: func(o *Options) { o.KubeletDir, o.AllowedPathRoots = "", []string{"/tmp"} }},
+		{name: "controller needs no path root", change: func(o *Options) { o.Mode, o.KubeletDir = ModeController, "" }},
 		{name: "bad log format", change: func(o *Options) { o.LogFormat = "text" }, want: []string{`--log-format="text"`}},
 		{name: "bad log level", change: func(o *Options) { o.LogLevel = "verbose" }, want: []string{`--log-level="verbose"`}},
 	}
@@ -96,7 +104,7 @@ func TestOptionsValidateReportsAllProblems(t *testing.T) {
 	if err == nil {
 		t.Fatal("Validate accepted the options")
 	}
-	flags := []string{"--endpoint", "--node-id", "--driver-name", "--loop-pool-dir", "--max-volumes-per-node", "--log-format", "--log-level"}
+	flags := []string{"--endpoint", "--node-id", "--driver-name", "--loop-pool-dir", "--max-volumes-per-node", "--kubelet-dir", "--log-format", "--log-level"}
 	for _, f := range flags {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s:\n%v", f, err)
@@ -127,15 +135,19 @@ func TestAddFlags(t *testing.T) {
 	o.AddFlags(fs)
 	args := []string{"--endpoint=unix:/csi/csi.sock", "--mode=node", "--node-id=n1", "--driver-name=x.example.com",
 		"--config=/etc/spindle.yaml", "--loop-pool-dir=/pools", "--max-volumes-per-node=16", "--log-format=console", "--log-level=debug",
-		"--metrics-address=127.0.0.1:9808", "--kubelet-dir=/srv/kubelet"}
+		"--metrics-address=127.0.0.1:9808", "--kubelet-dir=/srv/kubelet",
+		"--allowed-path-root=/tmp/csi", "--allowed-path-root=/srv/test"}
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
 	want := Options{Endpoint: "unix:/csi/csi.sock", Mode: ModeNode, NodeID: "n1", DriverName: "x.example.com", ConfigFile: "/etc/spindle.yaml",
 		LoopPoolDir: "/pools", MaxVolumesPerNode: 16, LogFormat: "console", LogLevel: "debug",
-		MetricsAddress: "127.0.0.1:9808", KubeletDir: "/srv/kubelet"}
-	if o != want {
+		MetricsAddress: "127.0.0.1:9808", KubeletDir: "/srv/kubelet", AllowedPathRoots: []string{"/tmp/csi", "/srv/test"}}
+	if !reflect.DeepEqual(o, want) {
 		t.Errorf("parsed %+v\nwant   %+v", o, want)
+	}
+	if got, want := o.PathRoots(), []string{"/srv/kubelet", "/tmp/csi", "/srv/test"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("PathRoots() = %q, want %q", got, want)
 	}
 }
 

@@ -40,9 +40,12 @@ type Driver struct {
 	instances       map[string]*backend.Instance
 	defaultInstance string
 	data            *node.DataPath
-	locks           *operationLocks
-	log             *zap.Logger
-	metrics         *metrics.Metrics
+	// paths confines the paths of Node requests to kubelet's directory
+	// and the allowed roots; nil in controller mode.
+	paths   *node.PathGuard
+	locks   *operationLocks
+	log     *zap.Logger
+	metrics *metrics.Metrics
 
 	// opsAddr is the address the operators' HTTP endpoints listen on,
 	// once Run has opened it (--metrics-address may ask for port 0).
@@ -96,7 +99,11 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		}
 		instances[inst.Key()] = inst
 	}
-	d = newDriver(opts, version, instances, file.Default(), node.New(run), log)
+	built, err := newDriver(opts, version, instances, file.Default(), node.New(run), log)
+	if err != nil {
+		return nil, err
+	}
+	d = built
 	return d, nil
 }
 
@@ -125,7 +132,7 @@ func reconcile(inst *backend.Instance, log *zap.Logger) {
 // newDriver assembles a driver from backend instances and a node data path
 // that are already built (New's last step; tests call it with instances on
 // fake loop devices and a scripted command runner).
-func newDriver(opts config.Options, version string, instances map[string]*backend.Instance, defaultInstance string, data *node.DataPath, log *zap.Logger) *Driver {
+func newDriver(opts config.Options, version string, instances map[string]*backend.Instance, defaultInstance string, data *node.DataPath, log *zap.Logger) (*Driver, error) {
 	if version == "" {
 		version = "unknown"
 	}
@@ -141,9 +148,14 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 	}
 	data.ObserveFormats(d.metrics.ObserveFormat)
 	if opts.Mode.Node() {
+		paths, err := node.NewPathGuard(opts.PathRoots()...)
+		if err != nil {
+			return nil, err
+		}
+		d.paths = paths
 		d.metrics.SetVolumeState(d.volumeCounts)
 	}
-	return d
+	return d, nil
 }
 
 // instanceFor returns the backend instance serving id.

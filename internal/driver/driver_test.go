@@ -187,7 +187,7 @@ func TestNew(t *testing.T) {
 		return config.Options{
 			Endpoint: "unix:///run/spindle-test/csi.sock", Mode: config.ModeAll, NodeID: "node-a",
 			DriverName: config.DefaultDriverName, LoopPoolDir: filepath.Join(t.TempDir(), "pool"),
-			LogFormat: "json", LogLevel: "info",
+			LogFormat: "json", LogLevel: "info", KubeletDir: filepath.Join(t.TempDir(), "kubelet"),
 		}
 	}
 

@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"os"
-	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
@@ -60,12 +59,12 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 	if err != nil {
 		return nil, err
 	}
-	path := req.GetVolumePath()
-	if path == "" {
-		return nil, errdefs.InvalidArgument("volume_path is required")
+	path, err := s.confineVolumePath(id, req.GetVolumePath())
+	if err != nil {
+		return nil, err
 	}
 	if sp := req.GetStagingTargetPath(); sp != "" {
-		if err := validatePath("staging_target_path", sp); err != nil {
+		if _, err := s.confinePath("staging_target_path", sp); err != nil {
 			return nil, err
 		}
 	}
@@ -109,9 +108,6 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 // staging path or a pod's bind of it); for a filesystem it also returns the
 // mount. A path that is neither is NOT_FOUND.
 func (s *nodeService) volumeAt(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*volumeDevice, *node.Mount, error) {
-	if !filepath.IsAbs(path) {
-		return nil, nil, errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %s", path, id)
-	}
 	major, minor, isDev, err := node.BlockDeviceAt(path)
 	if os.IsNotExist(err) {
 		return nil, nil, errdefs.NotFound("volume_path %s does not exist", path)

@@ -131,11 +131,14 @@ func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetV
 		return nil, err
 	}
 	staging, publish := req.GetStagingTargetPath(), req.GetVolumePublishPath()
-	for field, p := range map[string]string{"staging_target_path": staging, "volume_publish_path": publish} {
-		if p != "" {
-			if err := validatePath(field, p); err != nil {
-				return nil, err
-			}
+	if staging != "" {
+		if staging, err = s.confinePath("staging_target_path", staging); err != nil {
+			return nil, err
+		}
+	}
+	if publish != "" {
+		if publish, err = s.confinePath("volume_publish_path", publish); err != nil {
+			return nil, err
 		}
 	}
 	inst, err := s.d.instanceFor(id)

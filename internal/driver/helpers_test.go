@@ -58,6 +58,9 @@ type testEnv struct {
 	logs  *observer.ObservedLogs
 	loops map[string]*loop.FakeLoopDevices // by instance key
 	pools map[string]*filestore.Store      // by instance key
+	// kubelet is the driver's --kubelet-dir, a temporary directory: the
+	// staging and target paths of the tests lie below it.
+	kubelet string
 }
 
 // newTestEnv builds a driver serving loop/default (the default) and
@@ -72,12 +75,15 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 		MaxVolumesPerNode: testMaxVolumes,
 		LogFormat:         "json",
 		LogLevel:          "debug",
+		KubeletDir:        filepath.Join(t.TempDir(), "kubelet"),
+		// Tests that make their own directories use t.TempDir.
+		AllowedPathRoots: []string{filepath.Dir(t.TempDir())},
 	}
 	for _, f := range opts {
 		f(&o)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	e := &testEnv{logs: logs, loops: map[string]*loop.FakeLoopDevices{}, pools: map[string]*filestore.Store{}}
+	e := &testEnv{kubelet: o.KubeletDir, logs: logs, loops: map[string]*loop.FakeLoopDevices{}, pools: map[string]*filestore.Store{}}
 	instances := map[string]*backend.Instance{}
 	for _, name := range []string{"default", "fast"} {
 		fake := loop.NewFakeLoopDevices()
@@ -94,7 +100,11 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 		e.pools[inst.Key()] = store
 	}
 	run := command.New(commandtest.New(t), nil) // no command may run
-	e.d = newDriver(o, testVersion, instances, defaultKey, node.New(run), zap.New(core))
+	d, err := newDriver(o, testVersion, instances, defaultKey, node.New(run), zap.New(core))
+	if err != nil {
+		t.Fatalf("newDriver: %v", err)
+	}
+	e.d = d
 	e.cs = &controllerService{d: e.d}
 	e.ns = &nodeService{d: e.d}
 	e.is = &identityService{d: e.d}

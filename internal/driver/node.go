@@ -64,6 +64,31 @@ func parseReadOnly(pc map[string]string) (bool, error) {
 	return ro, nil
 }
 
+// confinePath validates a path of a Node request and confines it to the
+// node plugin's roots (node.PathGuard): the path it returns, with its
+// parents' symlinks resolved, is the one every later step uses. This runs
+// before the volume is looked up, so a request for a volume that does not
+// exist is checked the same way.
+func (s *nodeService) confinePath(field, p string) (string, error) {
+	if err := validatePath(field, p); err != nil {
+		return "", err
+	}
+	return s.d.paths.Confine(field, filepath.Clean(p))
+}
+
+// confineVolumePath confines the volume_path of the read-only RPCs (stats,
+// expansion). A relative path is no mount of any volume: NOT_FOUND, as the
+// CSI spec has it, and nothing looks at it.
+func (s *nodeService) confineVolumePath(id volumeid.ID, p string) (string, error) {
+	if p == "" {
+		return "", errdefs.InvalidArgument("volume_path is required")
+	}
+	if !filepath.IsAbs(p) {
+		return "", errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %s", p, id)
+	}
+	return s.confinePath("volume_path", p)
+}
+
 // volumeDevices is the set of devices attached for one volume on this node,
 // with their device numbers, to recognise its mounts.
 type volumeDevices []volumeDevice
@@ -152,6 +177,33 @@ func (vd volumeDevices) deviceBind(m *node.Mount) *volumeDevice {
 	return nil
 }
 
+func (vd volumeDevices) byPath(path string) *volumeDevice {
+	for i := range vd {
+		if vd[i].Path == path {
+			return &vd[i]
+		}
+	}
+	return nil
+}
+
+// mountedElsewhere returns a mount point, other than staging, of a
+// filesystem on one of the volume's devices: where it is staged already.
+func (s *nodeService) mountedElsewhere(devs volumeDevices, staging string) (string, error) {
+	if len(devs) == 0 {
+		return "", nil
+	}
+	mounts, err := s.d.data.Mounts()
+	if err != nil {
+		return "", err
+	}
+	for i := range mounts {
+		if m := &mounts[i]; m.MountPoint != staging && devs.filesystemMount(m) != nil {
+			return m.MountPoint, nil
+		}
+	}
+	return "", nil
+}
+
 func (vd volumeDevices) byNumber(major, minor uint32) *volumeDevice {
 	for i := range vd {
 		if vd[i].major == major && vd[i].minor == minor {
@@ -166,8 +218,11 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, err
 	}
-	staging := req.GetStagingTargetPath()
-	if err := validatePath("staging_target_path", staging); err != nil {
+	staging, err := s.confinePath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	if err := node.CheckStagingPath("staging_target_path", staging); err != nil {
 		return nil, err
 	}
 	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
@@ -191,7 +246,27 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if staged, err := s.alreadyStaged(ctx, inst, id, staging, c); err != nil || staged {
 		return &csi.NodeStageVolumeResponse{}, err
 	}
+	// Before anything is attached: a staging directory that holds files
+	// is refused untouched.
+	if c.accessType == backend.AccessMount {
+		err = node.PrepareMountPoint("staging_target_path", staging)
+	} else {
+		err = node.CheckEmptyStagingPath("staging_target_path", staging)
+	}
+	if err != nil {
+		return nil, err
+	}
 
+	attached, err := s.devicesOf(ctx, inst, id)
+	if err != nil {
+		return nil, err
+	}
+	if elsewhere, err := s.mountedElsewhere(attached, staging); err != nil || elsewhere != "" {
+		if err == nil {
+			err = errdefs.Precondition("volume %s is already staged on this node at %s; a volume is staged at one path per node", id, elsewhere)
+		}
+		return nil, err
+	}
 	dev, err := inst.Attacher.Attach(ctx, backend.AttachRequest{
 		ImageID:        id.Image,
 		NodeID:         s.d.opts.NodeID,
@@ -203,12 +278,17 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	}
 	// From here on a failure undoes the attach: kubelet does not call
 	// NodeUnstageVolume after a stage that failed, so nothing else would.
-	staged := false
+	// A device that was attached before this stage is left attached: it
+	// is not this stage's to take away.
+	staged, reused := false, attached.byPath(dev.Path) != nil
 	defer func() {
 		if !staged {
-			s.rollbackStage(inst, id, staging, dev.Path)
+			s.rollbackStage(inst, id, staging, dev.Path, reused)
 		}
 	}()
+	if dev.AccessType != "" && dev.AccessType != c.accessType {
+		return nil, errdefs.InvalidArgument("volume %s was created for %s access, not %s; staging it as %s could overwrite its data", id, dev.AccessType, c.accessType, c.accessType)
+	}
 
 	rec := node.StageRecord{VolumeID: id.String(), Device: dev.Path, AccessType: string(c.accessType), ReadOnly: dev.ReadOnly}
 	if c.accessType == backend.AccessBlock {
@@ -235,9 +315,6 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 		return nil, err
 	}
 	rec.FsType = fs.Name
-	if err := os.MkdirAll(staging, 0o750); err != nil {
-		return nil, fmt.Errorf("create staging path: %w", err)
-	}
 	if err := node.WriteStageRecord(staging, rec); err != nil {
 		return nil, fmt.Errorf("write stage record: %w", err)
 	}
@@ -303,13 +380,16 @@ func (s *nodeService) alreadyStaged(ctx context.Context, inst *backend.Instance,
 
 // rollbackStage undoes a stage that failed part-way. Its own failures are
 // logged: the caller's error is the one that matters.
-func (s *nodeService) rollbackStage(inst *backend.Instance, id volumeid.ID, staging, device string) {
+func (s *nodeService) rollbackStage(inst *backend.Instance, id volumeid.ID, staging, device string, keepAttached bool) {
 	ctx := context.Background()
 	if m, err := s.d.data.MountAt(staging); err == nil && m != nil && m.Source == device {
 		if err := s.d.data.Unmount(ctx, staging); err != nil {
 			s.d.log.Error("rollback of a failed stage: unmount", zap.String("volumeID", id.String()), zap.Error(err))
 			return
 		}
+	}
+	if keepAttached {
+		return
 	}
 	if err := inst.Attacher.Detach(ctx, id.Image, device); err != nil {
 		s.d.log.Error("rollback of a failed stage: detach", zap.String("volumeID", id.String()), zap.String("device", device), zap.Error(err))
@@ -325,8 +405,11 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 	if err != nil {
 		return nil, err
 	}
-	staging := req.GetStagingTargetPath()
-	if err := validatePath("staging_target_path", staging); err != nil {
+	staging, err := s.confinePath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	if err := node.CheckStagingPath("staging_target_path", staging); err != nil {
 		return nil, err
 	}
 	inst, release, err := s.d.lockVolume("node", id)
@@ -342,6 +425,9 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, err
 	}
 	if m := s.publishedAt(ctx, inst, id, mounts, staging); m != "" {
+		if topMount(mounts, staging) == nil {
+			return nil, errdefs.Precondition("volume %s is not staged at %s, but its device is mounted at %s; unpublish and unstage it where it is", id, staging, m)
+		}
 		return nil, errdefs.Precondition("volume %s is still published at %s; unpublish it before unstaging", id, m)
 	}
 	if err := s.d.data.Unmount(ctx, staging); err != nil {
@@ -404,12 +490,16 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	if err != nil {
 		return nil, err
 	}
-	target := req.GetTargetPath()
-	if err := validatePath("target_path", target); err != nil {
+	target, err := s.confinePath("target_path", req.GetTargetPath())
+	if err != nil {
 		return nil, err
 	}
 	// This driver stages, so the staging path is where the volume is.
-	if err := validatePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+	staging, err := s.confinePath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	if err := node.CheckStagingPath("staging_target_path", staging); err != nil {
 		return nil, err
 	}
 	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
@@ -428,10 +518,11 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 			return nil, err
 		}
 	}
+	p := publishRequest{staging: staging, target: target, readOnly: req.GetReadonly(), publishContext: req.GetPublishContext(), c: c}
 	if c.accessType == backend.AccessBlock {
-		err = s.publishBlock(ctx, inst, id, req, c)
+		err = s.publishBlock(ctx, inst, id, p)
 	} else {
-		err = s.publishMount(ctx, inst, id, req, c)
+		err = s.publishMount(ctx, inst, id, p)
 	}
 	if err != nil {
 		return nil, err
@@ -439,8 +530,16 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability) error {
-	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
+// publishRequest is a NodePublishVolumeRequest with its paths confined.
+type publishRequest struct {
+	staging, target string
+	readOnly        bool
+	publishContext  map[string]string
+	c               capability
+}
+
+func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, id volumeid.ID, p publishRequest) error {
+	staging, target, readOnly, c := p.staging, p.target, p.readOnly, p.c
 	mounts, err := s.d.data.Mounts()
 	if err != nil {
 		return err
@@ -477,8 +576,8 @@ func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, 
 			}
 		}
 	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
-		return fmt.Errorf("create target_path: %w", err)
+	if err := node.PrepareMountPoint("target_path", target); err != nil {
+		return err
 	}
 	if err := s.d.data.BindMount(ctx, staging, target, readOnly); err != nil {
 		// Never leave a writable bind where a read-only one was asked for.
@@ -490,12 +589,12 @@ func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, 
 	return nil
 }
 
-func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, req *csi.NodePublishVolumeRequest, c capability) (err error) {
+func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, p publishRequest) (err error) {
 	devs, err := s.devicesOf(ctx, inst, id)
 	if err != nil {
 		return err
 	}
-	staging, target, readOnly := req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()
+	staging, target, readOnly, c := p.staging, p.target, p.readOnly, p.c
 	rec, err := node.ReadStageRecord(staging)
 	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && rec.VolumeID != id.String()) {
 		return errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
@@ -539,12 +638,17 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 			}
 		}
 	}
+	// Before a read-only view is attached: a target that is not an empty
+	// file is refused untouched.
+	if err := node.PrepareDeviceTarget("target_path", target); err != nil {
+		return err
+	}
 	source := stagedDev.Device
 	if readOnly && !source.ReadOnly {
 		// A read-only bind of a device node does not stop writes to the
 		// device, so a read-only publish gets a read-only device of its own.
 		ro, err := inst.Attacher.Attach(ctx, backend.AttachRequest{
-			ImageID: id.Image, NodeID: s.d.opts.NodeID, PublishContext: req.GetPublishContext(), ReadOnly: true,
+			ImageID: id.Image, NodeID: s.d.opts.NodeID, PublishContext: p.publishContext, ReadOnly: true,
 		})
 		if err != nil {
 			return err
@@ -558,14 +662,6 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 			}
 		}()
 	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-		return fmt.Errorf("create the directory of target_path: %w", err)
-	}
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
-	if err != nil {
-		return errdefs.Wrap(errdefs.ErrInvalidArgument, err, "target_path %s cannot be a file for a block volume", target)
-	}
-	f.Close()
 	if err := s.d.data.BindMount(ctx, source.Path, target, readOnly); err != nil {
 		// Never leave a writable bind where a read-only one was asked for.
 		if uerr := s.d.data.Unmount(ctx, target); uerr != nil {
@@ -581,8 +677,8 @@ func (s *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpu
 	if err != nil {
 		return nil, err
 	}
-	target := req.GetTargetPath()
-	if err := validatePath("target_path", target); err != nil {
+	target, err := s.confinePath("target_path", req.GetTargetPath())
+	if err != nil {
 		return nil, err
 	}
 	inst, release, err := s.d.lockVolume("node", id)
@@ -595,8 +691,8 @@ func (s *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpu
 	if err := s.d.data.Unmount(ctx, target); err != nil {
 		return nil, err
 	}
-	if err := node.RemoveMountPoint(target); err != nil {
-		return nil, fmt.Errorf("remove target_path: %w", err)
+	if err := node.RemoveMountPoint("target_path", target); err != nil {
+		return nil, err
 	}
 	if wasBlock {
 		if err := s.releaseReadOnlyViews(ctx, inst, id); err != nil {
@@ -646,9 +742,9 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 	if err != nil {
 		return nil, err
 	}
-	path := req.GetVolumePath()
-	if path == "" {
-		return nil, errdefs.InvalidArgument("volume_path is required")
+	path, err := s.confineVolumePath(id, req.GetVolumePath())
+	if err != nil {
+		return nil, err
 	}
 	inst, err := s.d.instanceFor(id)
 	if err != nil {

@@ -62,18 +62,15 @@ func TestNodeStageBlock(t *testing.T) {
 }
 
 // A stage that fails after the attach detaches again: kubelet will not call
-// NodeUnstageVolume for it.
+// NodeUnstageVolume for it. Here the node finds that the block volume is
+// asked for as a filesystem, which would format its raw data.
 func TestNodeStageRollsBackTheAttach(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	vol, imagePath, pc := newBlockVolume(t, e, "pvc-rollback", false)
-	blocker := filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(blocker, []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	staging := filepath.Join(blocker, "staging") // its parent cannot be a directory
-	err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: staging, VolumeCapability: blockCap(snw), PublishContext: pc})
-	wantCode(t, err, codes.Internal, "not a directory")
+	staging := filepath.Join(t.TempDir(), "staging")
+	err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: staging, VolumeCapability: mountCap("ext4", snw), PublishContext: pc})
+	wantCode(t, err, codes.InvalidArgument, "created for block access, not mount")
 	fake := e.loops[defaultKey]
 	if want := []string{"attach " + imagePath + " ro=false", "detach /dev/loop0"}; !slices.Equal(fake.Calls, want) {
 		t.Fatalf("loop calls %v, want %v", fake.Calls, want)
@@ -170,5 +167,24 @@ func TestNodeGetVolumeStatsNotAttached(t *testing.T) {
 			_, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: tt.vol, VolumePath: tt.path})
 			wantCode(t, err, tt.code, tt.want)
 		})
+	}
+}
+
+// A failed stage leaves a device that was attached before it (staged
+// elsewhere) attached.
+func TestNodeStageFailureKeepsAnEarlierDevice(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	vol, _, pc := newBlockVolume(t, e, "pvc-keep", false)
+	staging := filepath.Join(t.TempDir(), "staging")
+	if err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: staging, VolumeCapability: blockCap(snw), PublishContext: pc}); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "other")
+	err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: other, VolumeCapability: mountCap("ext4", snw), PublishContext: pc})
+	wantCode(t, err, codes.InvalidArgument, "created for block access")
+	fake := e.loops[defaultKey]
+	if slices.Contains(fake.Calls, "detach /dev/loop0") || len(fake.Devices) != 1 {
+		t.Fatalf("the staged device was taken away: calls %v, devices %v", fake.Calls, fake.Devices)
 	}
 }

@@ -52,13 +52,25 @@ func validatePath(field, p string) error {
 		return errdefs.InvalidArgument("%s is longer than %d bytes", field, maxPathLength)
 	case strings.ContainsRune(p, 0):
 		return errdefs.InvalidArgument("%s contains a NUL byte", field)
+	case strings.IndexFunc(p, unicode.IsControl) >= 0:
+		// Kubelet never makes such a path, and mount(8) and the mount
+		// table cannot carry it faithfully.
+		return errdefs.InvalidArgument("%s %q contains a control character", field, p)
 	case !filepath.IsAbs(p):
 		return errdefs.InvalidArgument("%s %q must be an absolute path", field, p)
 	case filepath.Clean(p) != p && filepath.Clean(p) != strings.TrimSuffix(p, "/"):
 		return errdefs.InvalidArgument("%s %q must be a clean path (no '.', '..' or repeated '/')", field, p)
 	}
+	for _, name := range strings.Split(p, "/") {
+		if len(name) > maxNameComponent {
+			return errdefs.InvalidArgument("%s has a name of %d bytes; the most a filesystem allows is %d", field, len(name), maxNameComponent)
+		}
+	}
 	return nil
 }
+
+// maxNameComponent is NAME_MAX, the longest name one directory entry can have.
+const maxNameComponent = 255
 
 // maxNameLength is the longest CSI name accepted in CreateVolume.
 const maxNameLength = 128

@@ -105,7 +105,7 @@ func TestVolumeIDValidation(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	e.registerNodes(t, defaultKey, testNodeID)
-	stage, target := "/var/lib/kubelet/plugins/staging/x", "/var/lib/kubelet/pods/p/volumes/x/mount"
+	stage, target := e.kubelet+"/plugins/staging/x", e.kubelet+"/pods/p/volumes/x/mount"
 	rpcs := []volumeRPC{
 		{"ControllerPublishVolume", func(id string) error {
 			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: testNodeID, VolumeCapability: mountCap("ext4", snw)})
@@ -266,8 +266,8 @@ func TestNodePathValidation(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	const vol = "loop/default/pvc-paths"
-	good := "/var/lib/kubelet/plugins/spindle/staging/pvc-paths"
-	goodTarget := "/var/lib/kubelet/pods/p/volumes/pvc-paths/mount"
+	good := e.kubelet + "/plugins/spindle/staging/pvc-paths"
+	goodTarget := e.kubelet + "/pods/p/volumes/pvc-paths/mount"
 	bad := []struct{ name, path, want string }{
 		{"empty", "", "is required"},
 		{"relative", "var/lib/x", "must be an absolute path"},
@@ -315,8 +315,8 @@ func TestCapabilityValidation(t *testing.T) {
 	e := newTestEnv(t)
 	vol := e.mustCreate(t, createReq("pvc-caps"))
 	e.registerNodes(t, defaultKey, testNodeID)
-	stage := "/var/lib/kubelet/plugins/spindle/staging/pvc-caps"
-	target := "/var/lib/kubelet/pods/p/volumes/pvc-caps/mount"
+	stage := e.kubelet + "/plugins/spindle/staging/pvc-caps"
+	target := e.kubelet + "/pods/p/volumes/pvc-caps/mount"
 	caps := []struct {
 		name string
 		cap  *csi.VolumeCapability
@@ -374,7 +374,7 @@ func TestNodeStageContextValidation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.req.VolumeId = "loop/default/pvc-ctx"
-			tt.req.StagingTargetPath = "/var/lib/kubelet/plugins/spindle/staging/pvc-ctx"
+			tt.req.StagingTargetPath = e.kubelet + "/plugins/spindle/staging/pvc-ctx"
 			tt.req.VolumeCapability = mountCap("ext4", snw)
 			wantCode(t, e.NodeStage(tt.req), codes.InvalidArgument, tt.want...)
 		})

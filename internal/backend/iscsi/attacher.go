@@ -138,7 +138,7 @@ func (a *Attacher) session(ctx context.Context, img *backend.Image, req backend.
 }
 
 func (a *Attacher) device(img *backend.Image, d connDevice) *backend.Device {
-	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly, Formatted: img.Formatted, FsType: img.FsType}
+	return backend.DeviceOf(img, d.Path, d.ReadOnly)
 }
 
 // Detach implements backend.Attacher.

@@ -236,7 +236,7 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 }
 
 func (a *Attacher) device(img *backend.Image, d LoopDevice) *backend.Device {
-	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly, Formatted: img.Formatted, FsType: img.FsType}
+	return backend.DeviceOf(img, d.Path, d.ReadOnly)
 }
 
 func (a *Attacher) lookup(ctx context.Context, devPath string) (*LoopDevice, error) {

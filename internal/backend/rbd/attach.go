@@ -118,7 +118,7 @@ func fencingHint(on bool) string {
 }
 
 func (a *Attacher) device(img *backend.Image, d mapped) *backend.Device {
-	return &backend.Device{Path: d.Device, ReadOnly: d.ReadOnly, Formatted: img.Formatted, FsType: img.FsType}
+	return backend.DeviceOf(img, d.Device, d.ReadOnly)
 }
 
 // Detach implements backend.Attacher. It needs no credentials: NodeUnstage
