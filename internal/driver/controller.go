@@ -249,14 +249,17 @@ func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVol
 }
 
 func (s *controllerService) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if err := validateNodeID("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
 	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -306,14 +309,22 @@ func checkCapabilityFits(img *backend.Image, c capability) error {
 }
 
 func (s *controllerService) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if req.GetNodeId() != "" {
 		if err := validateNodeID("node_id", req.GetNodeId()); err != nil {
 			return nil, err
 		}
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		// No Spindle volume has this ID, so no node holds it: it is
+		// unpublished everywhere, and the spec asks for success.
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	if err != nil {
+		return nil, err
 	}
 	inst, err := s.d.instanceFor(id)
 	if err != nil {
@@ -349,12 +360,15 @@ func (s *controllerService) ControllerUnpublishVolume(ctx context.Context, req *
 }
 
 func (s *controllerService) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, errdefs.InvalidArgument("volume_capabilities is required")
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
 	inst, err := s.d.instanceFor(id)
 	if err != nil {
@@ -394,22 +408,23 @@ func (s *controllerService) ValidateVolumeCapabilities(ctx context.Context, req 
 // VolumeAttributesClass); the backend says which it understands, and they
 // take effect when the volume is next attached.
 func (s *controllerService) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, errdefs.InvalidArgument("volume_id is required")
-	}
-	id, err := volumeid.Parse(req.GetVolumeId())
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
-		// No volume can have this ID, so the volume does not exist.
-		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "volume_id %q names no Spindle volume", req.GetVolumeId())
-	}
-	if len(req.GetMutableParameters()) == 0 {
-		return nil, errdefs.InvalidArgument("mutable_parameters is required")
+		return nil, err
 	}
 	inst, release, err := s.d.lockVolume("volume", id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	if len(req.GetMutableParameters()) == 0 {
+		// Nothing to change; the volume must still exist.
+		_, err := inst.Store.Get(ctx, id.Image)
+		if err != nil {
+			return nil, err
+		}
+		return &csi.ControllerModifyVolumeResponse{}, nil
+	}
 	if _, err := inst.Store.Modify(ctx, id.Image, req.GetMutableParameters()); err != nil {
 		return nil, err
 	}

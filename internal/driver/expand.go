@@ -15,8 +15,7 @@ import (
 // ControllerExpandVolume grows the image; the node then refreshes its
 // device and grows the filesystem (NodeExpandVolume, or the next stage).
 func (s *controllerService) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if req.GetCapacityRange() == nil {
@@ -26,6 +25,10 @@ func (s *controllerService) ControllerExpandVolume(ctx context.Context, req *csi
 		if _, err := parseCapability("volume_capability", req.GetVolumeCapability()); err != nil {
 			return nil, err
 		}
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
 	inst, release, err := s.d.lockVolume("volume", id)
 	if err != nil {
@@ -55,11 +58,10 @@ func (s *controllerService) ControllerExpandVolume(ctx context.Context, req *csi
 // NodeExpandVolume makes the node see an expanded image: the device is
 // refreshed to the image's size and the filesystem on it grown.
 func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	path, err := s.confineVolumePath(id, req.GetVolumePath())
+	path, err := s.confineVolumePath(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +79,10 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 		if _, err := resolveCapacity(r, 0); err != nil {
 			return nil, err
 		}
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
 	inst, release, err := s.d.lockVolume("node", id)
 	if err != nil {

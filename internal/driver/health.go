@@ -54,7 +54,7 @@ func imageProblems(ctx context.Context, checker any, imageID string) []healthPro
 }
 
 func (s *controllerService) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -126,11 +126,11 @@ func nodeHealthStatus(reason string) csi.VolumeHealthErrorType {
 // proven to be the volume's, the mounts in place and alive, the image's
 // data still there.
 func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	staging, publish := req.GetStagingTargetPath(), req.GetVolumePublishPath()
+	var err error
 	if staging != "" {
 		if staging, err = s.confinePath("staging_target_path", staging); err != nil {
 			return nil, err
@@ -140,6 +140,10 @@ func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetV
 		if publish, err = s.confinePath("volume_publish_path", publish); err != nil {
 			return nil, err
 		}
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
 	inst, err := s.d.instanceFor(id)
 	if err != nil {

@@ -127,7 +127,7 @@ func (s *controllerService) ListVolumes(ctx context.Context, req *csi.ListVolume
 }
 
 func (s *controllerService) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}

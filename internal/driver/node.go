@@ -79,12 +79,12 @@ func (s *nodeService) confinePath(field, p string) (string, error) {
 // confineVolumePath confines the volume_path of the read-only RPCs (stats,
 // expansion). A relative path is no mount of any volume: NOT_FOUND, as the
 // CSI spec has it, and nothing looks at it.
-func (s *nodeService) confineVolumePath(id volumeid.ID, p string) (string, error) {
+func (s *nodeService) confineVolumePath(volumeID, p string) (string, error) {
 	if p == "" {
 		return "", errdefs.InvalidArgument("volume_path is required")
 	}
 	if !filepath.IsAbs(p) {
-		return "", errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %s", p, id)
+		return "", errdefs.NotFound("volume_path %q is not an absolute path, so it is no mount of volume %.64q", p, volumeID)
 	}
 	return s.confinePath("volume_path", p)
 }
@@ -214,8 +214,7 @@ func (vd volumeDevices) byNumber(major, minor uint32) *volumeDevice {
 }
 
 func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	staging, err := s.confinePath("staging_target_path", req.GetStagingTargetPath())
@@ -226,6 +225,10 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 		return nil, err
 	}
 	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -401,8 +404,7 @@ func (s *nodeService) rollbackStage(inst *backend.Instance, id volumeid.ID, stag
 }
 
 func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	staging, err := s.confinePath("staging_target_path", req.GetStagingTargetPath())
@@ -410,6 +412,10 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, err
 	}
 	if err := node.CheckStagingPath("staging_target_path", staging); err != nil {
+		return nil, err
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
 		return nil, err
 	}
 	inst, release, err := s.d.lockVolume("node", id)
@@ -486,8 +492,7 @@ func topMount(mounts []node.Mount, path string) *node.Mount {
 }
 
 func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	target, err := s.confinePath("target_path", req.GetTargetPath())
@@ -503,6 +508,10 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 		return nil, err
 	}
 	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -673,11 +682,14 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 }
 
 func (s *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	target, err := s.confinePath("target_path", req.GetTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -738,11 +750,14 @@ func (s *nodeService) releaseReadOnlyViews(ctx context.Context, inst *backend.In
 }
 
 func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	id, err := parseVolumeID("volume_id", req.GetVolumeId())
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	path, err := s.confineVolumePath(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
-	path, err := s.confineVolumePath(id, req.GetVolumePath())
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}

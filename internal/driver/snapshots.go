@@ -48,7 +48,7 @@ func (s *controllerService) CreateSnapshot(ctx context.Context, req *csi.CreateS
 	if err := validateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
-	source, err := parseVolumeID("source_volume_id", req.GetSourceVolumeId())
+	source, err := lookupVolumeID("source_volume_id", req.GetSourceVolumeId())
 	if err != nil {
 		return nil, err
 	}

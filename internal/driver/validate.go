@@ -19,13 +19,28 @@ import (
 // spelling of the CSI spec, so the message in a VolumeAttachment or an
 // event points at what to fix.
 
-func parseVolumeID(field, s string) (volumeid.ID, error) {
+// requireVolumeID refuses a missing volume ID. RPCs check it first and the
+// other required fields next, and look the volume up (lookupVolumeID) only
+// then: a request that lacks a field is malformed whatever its ID names.
+func requireVolumeID(field, s string) error {
 	if s == "" {
-		return volumeid.ID{}, errdefs.InvalidArgument("%s is required", field)
+		return errdefs.InvalidArgument("%s is required", field)
+	}
+	return nil
+}
+
+// lookupVolumeID parses the ID of a volume an RPC looks up. An ID that
+// Spindle could never have issued (another driver's, a test tool's, a typo,
+// a path traversal or control characters) names no volume: NOT_FOUND, as
+// the spec has it for a volume that does not exist. Such an ID goes no
+// further: no part of it is ever used as a path, a key or an argument.
+func lookupVolumeID(field, s string) (volumeid.ID, error) {
+	if err := requireVolumeID(field, s); err != nil {
+		return volumeid.ID{}, err
 	}
 	id, err := volumeid.Parse(s)
 	if err != nil {
-		return volumeid.ID{}, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "%s", field)
+		return volumeid.ID{}, errdefs.Wrap(errdefs.ErrNotFound, err, "%s %.64q names no Spindle volume", field, s)
 	}
 	return id, nil
 }

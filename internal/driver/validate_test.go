@@ -2,6 +2,7 @@ package driver
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 
@@ -99,8 +100,10 @@ func TestCreateVolumeValidation(t *testing.T) {
 	}
 }
 
-// Every RPC that takes a volume ID refuses a malformed one, naming the field,
-// before touching any backend.
+// Every RPC that takes a volume ID refuses a missing one (INVALID_ARGUMENT,
+// naming the field), and finds no volume behind one that Spindle could
+// never have issued (NOT_FOUND, saying why), before touching any backend:
+// such an ID is never used as a path or an argument.
 func TestVolumeIDValidation(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
@@ -111,13 +114,36 @@ func TestVolumeIDValidation(t *testing.T) {
 			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: testNodeID, VolumeCapability: mountCap("ext4", snw)})
 			return err
 		}},
-		{"ControllerUnpublishVolume", func(id string) error { return e.ControllerUnpublish(id, testNodeID) }},
 		{"ValidateVolumeCapabilities", func(id string) error {
 			_, err := e.ValidateVolumeCapabilities(&csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{mountCap("ext4", snw)}})
 			return err
 		}},
+		{"ControllerGetVolume", func(id string) error {
+			_, err := call(e, "/csi.v1.Controller/ControllerGetVolume", e.cs.ControllerGetVolume, &csi.ControllerGetVolumeRequest{VolumeId: id})
+			return err
+		}},
+		{"ControllerExpandVolume", func(id string) error {
+			_, err := call(e, "/csi.v1.Controller/ControllerExpandVolume", e.cs.ControllerExpandVolume, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: gib}})
+			return err
+		}},
+		{"ControllerModifyVolume", func(id string) error {
+			_, err := call(e, "/csi.v1.Controller/ControllerModifyVolume", e.cs.ControllerModifyVolume, &csi.ControllerModifyVolumeRequest{VolumeId: id})
+			return err
+		}},
+		{"ControllerGetVolumeHealth", func(id string) error {
+			_, err := call(e, "/csi.v1.Controller/ControllerGetVolumeHealth", e.cs.ControllerGetVolumeHealth, &csi.ControllerGetVolumeHealthRequest{VolumeId: id})
+			return err
+		}},
 		{"NodeGetVolumeStats", func(id string) error {
 			_, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+			return err
+		}},
+		{"NodeExpandVolume", func(id string) error {
+			_, err := call(e, "/csi.v1.Node/NodeExpandVolume", e.ns.NodeExpandVolume, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target})
+			return err
+		}},
+		{"NodeGetVolumeHealth", func(id string) error {
+			_, err := call(e, "/csi.v1.Node/NodeGetVolumeHealth", e.ns.NodeGetVolumeHealth, &csi.NodeGetVolumeHealthRequest{VolumeId: id, StagingTargetPath: stage})
 			return err
 		}},
 	}
@@ -126,8 +152,7 @@ func TestVolumeIDValidation(t *testing.T) {
 		name, id string
 		want     []string
 	}{
-		{"empty", "", []string{"volume_id is required"}},
-		{"not an ID", "fake-vol-id", []string{"volume_id", "not of the form"}},
+		{"not an ID", "fake-vol-id-6fbd0cfa-e", []string{"volume_id", "names no Spindle volume", "not of the form"}},
 		{"two parts", "loop/default", []string{"volume_id", "not of the form"}},
 		{"dot-dot", "loop/default/../../etc/passwd", []string{"volume_id", `".."`}},
 		{"too long", "loop/default/" + strings.Repeat("a", 116), []string{"volume_id", "maximum is 128"}},
@@ -135,17 +160,92 @@ func TestVolumeIDValidation(t *testing.T) {
 		{"empty image", "loop/default/", []string{"volume_id", "image name is empty"}},
 		{"upper-case backend", "LOOP/default/a", []string{"volume_id", "backend"}},
 		{"space", "loop/default/a b", []string{"volume_id", "characters outside"}},
+		{"control character", "loop/default/a\nb", []string{"volume_id", `\n`}},
 	}
 	for _, rpc := range rpcs {
+		t.Run(rpc.name+"/empty", func(t *testing.T) {
+			wantCode(t, rpc.call(""), codes.InvalidArgument, "volume_id is required")
+		})
 		for _, id := range ids {
 			t.Run(rpc.name+"/"+id.name, func(t *testing.T) {
-				wantCode(t, rpc.call(id.id), codes.InvalidArgument, id.want...)
+				wantCode(t, rpc.call(id.id), codes.NotFound, id.want...)
 			})
 		}
+	}
+	// ControllerUnpublishVolume: no node can hold a volume that cannot
+	// exist, so it is unpublished, as the spec asks.
+	wantCode(t, e.ControllerUnpublish("", testNodeID), codes.InvalidArgument, "volume_id is required")
+	for _, id := range ids {
+		wantCode(t, e.ControllerUnpublish(id.id, testNodeID), codes.OK)
 	}
 	if calls := e.loops[defaultKey].Calls; len(calls) != 0 {
 		t.Fatalf("malformed IDs reached the loop driver: %v", calls)
 	}
+}
+
+// A missing field is reported before the ID is looked up, so a request
+// that lacks one is INVALID_ARGUMENT whatever its volume ID names (as
+// csi-sanity sends them, with IDs of its own making).
+func TestRequiredFieldsBeforeLookup(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	const foreign = "fake-vol-id-6fbd0cfa-e"
+	stage := e.kubelet + "/plugins/staging/x"
+	tests := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"ControllerPublishVolume without node_id", func() error {
+			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: foreign, VolumeCapability: mountCap("ext4", snw)})
+			return err
+		}, "node_id is required"},
+		{"ControllerPublishVolume without volume_capability", func() error {
+			_, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: foreign, NodeId: testNodeID})
+			return err
+		}, "volume_capability is required"},
+		{"ValidateVolumeCapabilities without capabilities", func() error {
+			_, err := e.ValidateVolumeCapabilities(&csi.ValidateVolumeCapabilitiesRequest{VolumeId: foreign})
+			return err
+		}, "volume_capabilities is required"},
+		{"NodeStageVolume without volume_capability", func() error {
+			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: foreign, StagingTargetPath: stage})
+		}, "volume_capability is required"},
+		{"NodeStageVolume without staging_target_path", func() error {
+			return e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: foreign, VolumeCapability: mountCap("ext4", snw)})
+		}, "staging_target_path is required"},
+		{"NodePublishVolume without target_path", func() error {
+			return e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: foreign, StagingTargetPath: stage, VolumeCapability: mountCap("ext4", snw)})
+		}, "target_path is required"},
+		{"NodeUnpublishVolume without target_path", func() error {
+			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: foreign})
+		}, "target_path is required"},
+		{"NodeGetVolumeStats without volume_path", func() error {
+			_, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: foreign})
+			return err
+		}, "volume_path is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantCode(t, tt.call(), codes.InvalidArgument, tt.want)
+		})
+	}
+}
+
+// ControllerModifyVolume with no mutable parameters changes nothing and
+// succeeds, for a volume that exists.
+func TestModifyVolumeWithNothingToChange(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	vol := e.mustCreate(t, createReq("pvc-modify-nothing"))
+	before := e.image(t, vol)
+	_, err := call(e, "/csi.v1.Controller/ControllerModifyVolume", e.cs.ControllerModifyVolume, &csi.ControllerModifyVolumeRequest{VolumeId: vol})
+	wantCode(t, err, codes.OK)
+	if after := e.image(t, vol); !maps.Equal(after.MutableParameters, before.MutableParameters) {
+		t.Errorf("mutable parameters changed: %v -> %v", before.MutableParameters, after.MutableParameters)
+	}
+	_, err = call(e, "/csi.v1.Controller/ControllerModifyVolume", e.cs.ControllerModifyVolume, &csi.ControllerModifyVolumeRequest{VolumeId: "loop/default/pvc-gone"})
+	wantCode(t, err, codes.NotFound)
 }
 
 // DeleteVolume needs an ID, but an ID that no Spindle volume can have names
