@@ -22,7 +22,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test chart-test images helm demo bench e2e cluster-up cluster-down clean
+.PHONY: all build deps lint test csi-sanity chart-test images helm demo bench e2e cluster-up cluster-down clean
 
 all: build
 
@@ -39,14 +39,20 @@ lint:
 	$(GO) vet ./...
 
 # The csi-sanity runs write their spec counts to $(REPORTS), printed last.
-# helm is built first (hack/helm.sh, cached) so the chart's tests run too.
-test: deps lint helm
+# helm is built first (hack/helm.sh, cached) so the chart's tests run too;
+# the stock csi-sanity binary (hack/csi-sanity.sh, cached) runs against the
+# spindle binary built here, as users run both.
+test: deps lint helm csi-sanity build
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
-	SPINDLE_HELM=$$(hack/helm.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 ./...
+	SPINDLE_HELM=$$(hack/helm.sh) SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_BINARY=$(CURDIR)/$(BIN)/spindle \
+	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 ./...
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
 
 helm:
 	@hack/helm.sh >/dev/null
+
+csi-sanity:
+	@hack/csi-sanity.sh >/dev/null
 
 chart-test: helm
 	SPINDLE_HELM=$$(hack/helm.sh) $(GO) test -race -count=1 ./e2e/chart/

@@ -171,6 +171,8 @@ type ProcessOptions struct {
 	PoolDir string // defaults to WorkDir/pool
 	// LogLevel defaults to "warn"; the log goes to WorkDir/spindle.log.
 	LogLevel string
+	// ExtraArgs are more flags for the driver (e.g. --allowed-path-root).
+	ExtraArgs []string
 }
 
 // StartProcess starts the driver binary (mode all, loop backend) and
@@ -188,16 +190,17 @@ func StartProcess(o ProcessOptions) (*Driver, error) {
 		return nil, err
 	}
 	defer logFile.Close() // the child holds its own descriptor
-	cmd := exec.Command(o.Binary,
-		"--endpoint=unix://"+socket,
+	args := []string{
+		"--endpoint=unix://" + socket,
 		"--mode=all",
-		"--node-id="+NodeID,
-		"--loop-pool-dir="+o.PoolDir,
+		"--node-id=" + NodeID,
+		"--loop-pool-dir=" + o.PoolDir,
 		// The staging and target paths are made in the work directory.
-		"--allowed-path-root="+o.WorkDir,
+		"--allowed-path-root=" + o.WorkDir,
 		"--log-format=console",
-		"--log-level="+o.LogLevel,
-	)
+		"--log-level=" + o.LogLevel,
+	}
+	cmd := exec.Command(o.Binary, append(args, o.ExtraArgs...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// A harness killed before it could stop the driver takes the driver
 	// with it, so no orphaned plugin keeps serving a removed work dir.

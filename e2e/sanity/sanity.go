@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/ginkgo/v2/types"
 	"github.com/onsi/gomega"
-	"sigs.k8s.io/yaml"
 
 	"github.com/spindle-csi/spindle/e2e/harness"
 )
@@ -97,23 +95,8 @@ func Run(t *testing.T, c Config) {
 	}
 	if len(c.Secrets) > 0 {
 		// csi-sanity reads secrets from a file only.
-		all := sanity.CSISecrets{
-			CreateVolumeSecret: c.Secrets, DeleteVolumeSecret: c.Secrets,
-			ControllerPublishVolumeSecret: c.Secrets, ControllerUnpublishVolumeSecret: c.Secrets,
-			ControllerValidateVolumeCapabilitiesSecret: c.Secrets,
-			NodeStageVolumeSecret:                      c.Secrets, NodePublishVolumeSecret: c.Secrets,
-			CreateSnapshotSecret: c.Secrets, DeleteSnapshotSecret: c.Secrets,
-			ListSnapshotsSecret: c.Secrets, GetSnapshotSecret: c.Secrets,
-			ControllerExpandVolumeSecret: c.Secrets, ControllerModifyVolumeSecret: c.Secrets,
-		}
-		data, err := yaml.Marshal(all)
-		if err != nil {
-			t.Fatal(err)
-		}
 		cfg.SecretsFile = filepath.Join(dir, "secrets.yaml")
-		if err := os.WriteFile(cfg.SecretsFile, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeSecrets(t, cfg.SecretsFile, c.Secrets)
 	}
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)
 
@@ -161,8 +144,5 @@ func Run(t *testing.T, c Config) {
 	sc.Finalize()
 
 	t.Log(summary)
-	if dir := os.Getenv("SPINDLE_REPORT_DIR"); dir != "" {
-		_ = os.MkdirAll(dir, 0o755)
-		_ = os.WriteFile(filepath.Join(dir, "sanity-"+c.Backend+"-"+accessType+".txt"), []byte(summary+"\n"), 0o644)
-	}
+	report(t, "sanity-"+c.Backend+"-"+accessType, summary)
 }

@@ -29,3 +29,21 @@ func TestSanityISCSI(t *testing.T) {
 		MutableParameters: map[string]string{iscsi.MutableParamDirectIO: "false"},
 	})
 }
+
+// The stock csi-sanity binary with its default flags (its own IDs, 10 GiB
+// volumes) and a secrets file with the CHAP credentials.
+func TestStockSanityISCSI(t *testing.T) {
+	csiSanity := sanity.StockBinary(t)
+	tgtd := iscsitest.StartTgtd(t)
+	cfg := tgtd.Config(t, filepath.Join(harness.TempDir(t), "pool"))
+	iscsitest.CheckNoLeaks(t, cfg.StateDir)
+	drv := harness.Start(t, harness.Options{Config: iscsitest.YAML("stock", cfg)})
+	for _, access := range []string{"mount", "block"} {
+		t.Run(access, func(t *testing.T) {
+			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "iscsi", Secrets: map[string]string{
+				iscsi.SecretUser:     "spindle-stock",
+				iscsi.SecretPassword: "stock-chap-secret-1",
+			}})
+		})
+	}
+}

@@ -32,3 +32,21 @@ func TestSanityRBDMount(t *testing.T) {
 		MutableParameters: map[string]string{"mapOptions": "noudev"},
 	})
 }
+
+// The stock csi-sanity binary with its default flags (its own IDs, 10 GiB
+// volumes) and the cluster's secrets file.
+func TestStockSanityRBD(t *testing.T) {
+	csiSanity := sanity.StockBinary(t)
+	cl := rbdtest.Require(t)
+	t.Cleanup(func() {
+		if err := cl.Wipe(context.Background()); err != nil {
+			t.Errorf("empty the pool: %v", err)
+		}
+	})
+	drv := harness.Start(t, harness.Options{Config: cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse"))})
+	for _, access := range []string{"mount", "block"} {
+		t.Run(access, func(t *testing.T) {
+			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "rbd", Secrets: cl.Secrets()})
+		})
+	}
+}
