@@ -78,6 +78,9 @@ func RunStock(t *testing.T, binary string, c StockConfig) {
 	if c.AccessType == "block" {
 		args = append(args, "--csi.testvolumeaccesstype=block")
 	}
+	// For investigating a run, not for CI: e.g. SPINDLE_CSI_SANITY_ARGS=--ginkgo.v
+	// shows each spec with its time.
+	args = append(args, strings.Fields(os.Getenv("SPINDLE_CSI_SANITY_ARGS"))...)
 	if len(c.Secrets) > 0 {
 		file := filepath.Join(harness.TempDir(t), "secrets.yaml")
 		writeSecrets(t, file, c.Secrets)
@@ -101,6 +104,9 @@ func RunStock(t *testing.T, binary string, c StockConfig) {
 		version, c.Backend, c.AccessType, ran[1], ran[2], counts[1], counts[2], n(counts[3])+n(counts[4]), counts[3], counts[4])
 	t.Log(summary)
 	report(t, "sanity-stock-"+c.Backend+"-"+c.AccessType, summary)
+	if os.Getenv("SPINDLE_CSI_SANITY_ARGS") != "" {
+		t.Log(text)
+	}
 	if runErr != nil || n(counts[2]) > 0 {
 		t.Fatalf("csi-sanity %v: %v\n%s", args, runErr, tail(text, 20000))
 	}
