@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/zap"
 
+	// The backend types the driver can configure.
+	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/driver"
 	"github.com/spindle-csi/spindle/internal/logging"

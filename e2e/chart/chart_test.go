@@ -1,6 +1,7 @@
 package chart
 
 import (
+	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"os"
 	"path"
 	"path/filepath"

@@ -25,6 +25,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	// The backend types the driver can configure.
+	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/driver"
 )

@@ -1,16 +1,17 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
-	"path/filepath"
+	"slices"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/spindle-csi/spindle/internal/backend/iscsi"
-	"github.com/spindle-csi/spindle/internal/backend/loop"
-	"github.com/spindle-csi/spindle/internal/backend/rbd"
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
@@ -36,17 +37,82 @@ type File struct {
 	Backends       []BackendConfig `json:"backends"`
 }
 
-// BackendConfig is one backend instance; exactly the section of its type is set.
+// BackendConfig is one backend instance: its type, its name and the
+// section named after its type, which the backend's registered Kind
+// decodes (internal/backend.Register).
 type BackendConfig struct {
-	Type  string        `json:"type"`
-	Name  string        `json:"name"`
-	Loop  *loop.Config  `json:"loop,omitempty"`
-	ISCSI *iscsi.Config `json:"iscsi,omitempty"`
-	RBD   *rbd.Config   `json:"rbd,omitempty"`
+	Type string
+	Name string
+	// Section is the decoded section of the instance's type, once
+	// Validate (or LoadFile) has checked it.
+	Section *backend.Section
+	// sections are the sections as read, by key (one, named after the
+	// type, in a valid file).
+	sections map[string]json.RawMessage
 }
 
 // Key is "<type>/<name>".
 func (b BackendConfig) Key() string { return b.Type + "/" + b.Name }
+
+// UnmarshalJSON reads type, name and the sections; Validate decodes the
+// section of the type and refuses the others.
+func (b *BackendConfig) UnmarshalJSON(data []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return err
+	}
+	*b = BackendConfig{sections: map[string]json.RawMessage{}}
+	for k, v := range fields {
+		var err error
+		switch k {
+		case "type":
+			err = json.Unmarshal(v, &b.Type)
+		case "name":
+			err = json.Unmarshal(v, &b.Name)
+		default:
+			b.sections[k] = v
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// MarshalJSON writes the instance as the config file has it.
+func (b BackendConfig) MarshalJSON() ([]byte, error) {
+	out := map[string]any{"type": b.Type, "name": b.Name}
+	for k, v := range b.sections {
+		out[k] = v
+	}
+	if b.Section != nil {
+		out[b.Type] = b.Section
+	}
+	return json.Marshal(out)
+}
+
+// decode checks the sections and decodes the one of the instance's type.
+func (b *BackendConfig) decode(where string) []error {
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(b.sections)) {
+		if k != b.Type {
+			errs = append(errs, fmt.Errorf("%s: section %q does not belong to type %q", where, k, b.Type))
+		}
+	}
+	raw, ok := b.sections[b.Type]
+	if !ok {
+		if !slices.Contains(backend.Types(), b.Type) {
+			return append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: %s)", where, b.Type, strings.Join(backend.Types(), ", ")))
+		}
+		return append(errs, fmt.Errorf("%s: type %s needs its section %q", where, b.Type, b.Type))
+	}
+	sec, err := backend.DecodeSection(b.Type, raw)
+	if err != nil {
+		return append(errs, fmt.Errorf("%s.%s: %w", where, b.Type, err))
+	}
+	b.Section = sec
+	return append(errs, sec.Validate(where+"."+b.Type)...)
+}
 
 // LoadFile reads and validates a config file. Unknown fields are errors, so
 // a typo never silently falls back to a default.
@@ -65,9 +131,18 @@ func LoadFile(path string) (*File, error) {
 	return &f, nil
 }
 
-// DefaultFile is the configuration without --config: one loop instance.
-func DefaultFile(loopPoolDir string) *File {
-	return &File{Backends: []BackendConfig{{Type: loop.Type, Name: "default", Loop: &loop.Config{PoolDir: loopPoolDir}}}}
+// DefaultFile is the configuration without --config: one loop instance
+// "default" serving loopPoolDir.
+func DefaultFile(loopPoolDir string) (*File, error) {
+	section, err := json.Marshal(map[string]string{"poolDir": loopPoolDir})
+	if err != nil {
+		return nil, err
+	}
+	f := &File{Backends: []BackendConfig{{Type: "loop", Name: "default", sections: map[string]json.RawMessage{"loop": section}}}}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // Validate checks the configuration and reports every problem.
@@ -86,44 +161,7 @@ func (f *File) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %s is configured twice", where, b.Key()))
 		}
 		seen[b.Key()] = true
-		if b.Type != loop.Type && b.Loop != nil {
-			errs = append(errs, fmt.Errorf("%s: a loop section does not belong to type %q", where, b.Type))
-		}
-		if b.Type != iscsi.Type && b.ISCSI != nil {
-			errs = append(errs, fmt.Errorf("%s: an iscsi section does not belong to type %q", where, b.Type))
-		}
-		if b.Type != rbd.Type && b.RBD != nil {
-			errs = append(errs, fmt.Errorf("%s: an rbd section does not belong to type %q", where, b.Type))
-		}
-		switch b.Type {
-		case iscsi.Type:
-			if b.ISCSI == nil {
-				errs = append(errs, fmt.Errorf("%s: type iscsi needs an iscsi section", where))
-				break
-			}
-			for _, err := range b.ISCSI.Validate() {
-				errs = append(errs, fmt.Errorf("%s.iscsi.%w", where, err))
-			}
-		case loop.Type:
-			if b.Loop == nil {
-				errs = append(errs, fmt.Errorf("%s: type loop needs a loop section", where))
-				break
-			}
-			if !filepath.IsAbs(b.Loop.PoolDir) {
-				errs = append(errs, fmt.Errorf("%s.loop.poolDir %q: must be an absolute path", where, b.Loop.PoolDir))
-			}
-			if b.Loop.MaxProvisionedBytes < 0 {
-				errs = append(errs, fmt.Errorf("%s.loop.maxProvisionedBytes: must not be negative", where))
-			}
-		case rbd.Type:
-			if b.RBD == nil {
-				errs = append(errs, fmt.Errorf("%s: type rbd needs an rbd section", where))
-				break
-			}
-			errs = append(errs, b.RBD.Validate(where+".rbd")...)
-		default:
-			errs = append(errs, fmt.Errorf("%s.type %q: unknown backend type (known: loop, iscsi, rbd)", where, b.Type))
-		}
+		errs = append(errs, f.Backends[i].decode(where)...)
 	}
 	if f.DefaultBackend != "" && !seen[f.DefaultBackend] {
 		errs = append(errs, fmt.Errorf("defaultBackend %q is not one of the configured backends", f.DefaultBackend))

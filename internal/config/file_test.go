@@ -7,8 +7,19 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/backend/iscsi"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/backend/rbd"
 )
+
+// loopOf is the loop section of b, or nil.
+func loopOf(b BackendConfig) *loop.Config {
+	if b.Section == nil {
+		return nil
+	}
+	c, _ := b.Section.Settings().(*loop.Config)
+	return c
+}
 
 func writeConfig(t *testing.T, content string) string {
 	t.Helper()
@@ -41,8 +52,8 @@ backends:
 		t.Fatalf("backends = %+v", f.Backends)
 	}
 	b := f.Backends[1]
-	if b.Key() != "loop/fast" || b.Loop == nil || *b.Loop != (loop.Config{PoolDir: "/mnt/nvme/spindle", MaxProvisionedBytes: 100 << 30}) {
-		t.Errorf("backends[1] = %+v (loop %+v)", b, b.Loop)
+	if b.Key() != "loop/fast" || loopOf(b) == nil || *loopOf(b) != (loop.Config{PoolDir: "/mnt/nvme/spindle", MaxProvisionedBytes: 100 << 30}) {
+		t.Errorf("backends[1] = %+v (loop %+v)", b, loopOf(b))
 	}
 	if got := f.Default(); got != "loop/fast" {
 		t.Errorf("Default() = %q, want loop/fast", got)
@@ -92,7 +103,7 @@ func TestLoadFileRejects(t *testing.T) {
 		{
 			name:    "missing loop section",
 			content: "backends:\n  - {type: loop, name: default}\n",
-			want:    []string{"backends[0]", "needs a loop section"},
+			want:    []string{"backends[0]", `needs its section "loop"`},
 		},
 		{
 			name:    "relative pool dir",
@@ -149,7 +160,7 @@ func TestLoadFileRejects(t *testing.T) {
 			name: "every problem reported",
 			content: "defaultBackend: loop/x\nbackends:\n  - {type: loop, name: a, loop: {poolDir: rel, maxProvisionedBytes: -5}}\n" +
 				"  - {type: loop, name: B}\n  - {type: ceph, name: c}\n",
-			want: []string{"backends[0].loop.poolDir", "backends[0].loop.maxProvisionedBytes", "backends[1].name", "backends[1]: type loop needs a loop section",
+			want: []string{"backends[0].loop.poolDir", "backends[0].loop.maxProvisionedBytes", "backends[1].name", `backends[1]: type loop needs its section "loop"`,
 				`backends[2].type "ceph"`, `defaultBackend "loop/x"`},
 		},
 	}
@@ -181,19 +192,18 @@ func TestLoadFileMissing(t *testing.T) {
 }
 
 func TestDefaultFile(t *testing.T) {
-	f := DefaultFile("/var/lib/spindle/pools/default")
-	if err := f.Validate(); err != nil {
+	f, err := DefaultFile("/var/lib/spindle/pools/default")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := f.Default(); got != "loop/default" {
 		t.Errorf("Default() = %q, want loop/default", got)
 	}
-	if len(f.Backends) != 1 || f.Backends[0].Loop == nil || f.Backends[0].Loop.PoolDir != "/var/lib/spindle/pools/default" {
+	if len(f.Backends) != 1 || loopOf(f.Backends[0]) == nil || loopOf(f.Backends[0]).PoolDir != "/var/lib/spindle/pools/default" {
 		t.Errorf("DefaultFile = %+v", f.Backends)
 	}
-	// DefaultFile does not validate; Validate does.
-	if err := DefaultFile("relative").Validate(); err == nil || !strings.Contains(err.Error(), "absolute") {
-		t.Errorf("DefaultFile(relative).Validate() = %v, want an absolute-path error", err)
+	if _, err := DefaultFile("relative"); err == nil || !strings.Contains(err.Error(), "absolute") {
+		t.Errorf("DefaultFile(relative) = %v, want an absolute-path error", err)
 	}
 }
 
@@ -213,7 +223,7 @@ backends:
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := f.Backends[0].ISCSI
+	c, _ := f.Backends[0].Section.Settings().(*iscsi.Config)
 	if f.Backends[0].Key() != "iscsi/san" || c == nil || c.TargetTool != "lio" || len(c.Portals) != 2 || c.AttachMode != "userspace" {
 		t.Fatalf("backends[0] = %+v (iscsi %+v)", f.Backends[0], c)
 	}
@@ -255,8 +265,8 @@ backends:
 		`backends[0].iscsi.targetTool "scst"`, `backends[0].iscsi.tgtControlSocket "tgtd.sock"`,
 		`backends[0].iscsi.targetPrefix "iqn.2026-01.Dev.Spindle"`, `backends[0].iscsi.initiatorPrefix "eui.1234:x"`,
 		`backends[0].iscsi.attachMode "magic"`, `backends[0].iscsi.stateDir "run/spindle"`,
-		"backends[1]: type iscsi needs an iscsi section",
-		`backends[2]: an iscsi section does not belong to type "loop"`,
+		"backends[1]: type iscsi needs its section \"iscsi\"",
+		`backends[2]: section "iscsi" does not belong to type "loop"`,
 		"backends[3].iscsi.portals: at least one", "backends[3].iscsi.targetPrefix",
 	} {
 		if !strings.Contains(err.Error(), w) {
@@ -281,8 +291,9 @@ backends:
 	if err != nil {
 		t.Fatalf("LoadFile: %v", err)
 	}
-	if got := f.Backends[0]; got.Key() != "rbd/ceph-a" || got.RBD == nil || got.RBD.Pool != "kube" || !got.RBD.Fencing || got.RBD.Mounter != "rbd-fuse" {
-		t.Fatalf("backend = %+v (rbd %+v)", got, got.RBD)
+	got := f.Backends[0]
+	if c, _ := got.Section.Settings().(*rbd.Config); got.Key() != "rbd/ceph-a" || c == nil || c.Pool != "kube" || !c.Fencing || c.Mounter != "rbd-fuse" {
+		t.Fatalf("backend = %+v (rbd %+v)", got, c)
 	}
 }
 
@@ -293,7 +304,7 @@ func TestLoadFileRejectsRBD(t *testing.T) {
 		content string
 		want    []string
 	}{
-		{"missing section", "backends:\n  - {type: rbd, name: a}\n", []string{"backends[0]", "needs an rbd section"}},
+		{"missing section", "backends:\n  - {type: rbd, name: a}\n", []string{"backends[0]", `needs its section "rbd"`}},
 		{"unknown key", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], keyring: /k}}\n", []string{"keyring"}},
 		{"everything wrong", `backends:
   - type: rbd

@@ -22,9 +22,6 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/backend/iscsi"
-	"github.com/spindle-csi/spindle/internal/backend/loop"
-	"github.com/spindle-csi/spindle/internal/backend/rbd"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -59,12 +56,15 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	file := config.DefaultFile(opts.LoopPoolDir)
+	var file *config.File
+	var err error
 	if opts.ConfigFile != "" {
-		var err error
-		if file, err = config.LoadFile(opts.ConfigFile); err != nil {
-			return nil, err
-		}
+		file, err = config.LoadFile(opts.ConfigFile)
+	} else {
+		file, err = config.DefaultFile(opts.LoopPoolDir)
+	}
+	if err != nil {
+		return nil, err
 	}
 	// The command observer records into the driver's metrics; no command
 	// runs before the driver below is built.
@@ -79,18 +79,7 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	})
 	instances := map[string]*backend.Instance{}
 	for _, b := range file.Backends {
-		var inst *backend.Instance
-		var err error
-		switch b.Type {
-		case loop.Type:
-			inst, err = loop.New(b.Name, *b.Loop, run)
-		case iscsi.Type:
-			inst, err = iscsi.New(b.Name, *b.ISCSI, run)
-		case rbd.Type:
-			inst, err = rbd.New(b.Name, *b.RBD, run)
-		default:
-			err = fmt.Errorf("unknown backend type %q", b.Type)
-		}
+		inst, err := b.Section.New(b.Name, run)
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: %w", b.Key(), err)
 		}

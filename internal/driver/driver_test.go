@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"net"
 	"os"
 	"path/filepath"

@@ -100,7 +100,14 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 		e.pools[inst.Key()] = store
 	}
 	run := command.New(commandtest.New(t), nil) // no command may run
-	d, err := newDriver(o, testVersion, instances, defaultKey, node.New(run), zap.New(core))
+	data := node.New(run)
+	// An empty mount table: what this machine has mounted is not the test's.
+	mountInfo := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mountInfo, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data.ReadMountsFrom(mountInfo)
+	d, err := newDriver(o, testVersion, instances, defaultKey, data, zap.New(core))
 	if err != nil {
 		t.Fatalf("newDriver: %v", err)
 	}

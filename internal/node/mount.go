@@ -49,6 +49,11 @@ func New(run *command.Runner) *DataPath {
 	}
 }
 
+// ReadMountsFrom makes the data path read the mount table from path
+// instead of /proc/self/mountinfo: for tests, whose answers must not depend
+// on what this machine has mounted.
+func (d *DataPath) ReadMountsFrom(path string) { d.mountInfoPath = path }
+
 // Mount is one entry of the mount table, with paths unescaped.
 type Mount struct {
 	ID         int

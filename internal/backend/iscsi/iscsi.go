@@ -307,6 +307,16 @@ func chapFrom(secrets backend.Secrets) (*CHAP, error) {
 	return c, nil
 }
 
+func init() {
+	backend.Register(backend.Kind[Config]{Type: Type, New: New, Validate: func(c Config, where string) []error {
+		var errs []error
+		for _, err := range c.Validate() {
+			errs = append(errs, fmt.Errorf("%s.%w", where, err))
+		}
+		return errs
+	}})
+}
+
 // New builds the instance named name. The controller side administers the
 // target with cfg.TargetTool; the node side logs in in cfg.AttachMode.
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {

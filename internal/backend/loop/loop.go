@@ -12,6 +12,8 @@ package loop
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"maps"
 	"slices"
 	"strconv"
@@ -47,6 +49,23 @@ type Config struct {
 	// instance's volumes are reachable from this node only, and the driver
 	// reports topology so that pods follow them.
 	NodeLocal bool `json:"nodeLocal,omitempty"`
+}
+
+func init() {
+	backend.Register(backend.Kind[Config]{Type: Type, Validate: Config.Validate, New: New})
+}
+
+// Validate reports every problem of the config; where is its place in the
+// config file.
+func (c Config) Validate(where string) []error {
+	var errs []error
+	if !filepath.IsAbs(c.PoolDir) {
+		errs = append(errs, fmt.Errorf("%s.poolDir %q: must be an absolute path", where, c.PoolDir))
+	}
+	if c.MaxProvisionedBytes < 0 {
+		errs = append(errs, fmt.Errorf("%s.maxProvisionedBytes: must not be negative", where))
+	}
+	return errs
 }
 
 // New builds the instance named name.

@@ -18,6 +18,10 @@ import (
 	"github.com/spindle-csi/spindle/internal/command"
 )
 
+func init() {
+	backend.Register(backend.Kind[Config]{Type: Type, Validate: Config.Validate, New: New})
+}
+
 // New builds the instance named name from a validated Config.
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
 	cfg = cfg.withDefaults()
