@@ -13,8 +13,8 @@ package loop
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
