@@ -12,7 +12,14 @@
 #   ...                   snapshot-controller, from the binaries that
 #                         hack/local-cluster/build.sh puts in $CACHE/bin
 #
-#   hack/images.sh [driver|sidecars|all]     (default all)
+#   busybox.tar           registry.k8s.io/e2e-test-images/busybox:1.37.0-1 (and
+#                         1.36.1-1): Debian's busybox-static with every applet
+#   agnhost.tar           registry.k8s.io/e2e-test-images/agnhost:2.63.0:
+#                         agnhost built from k8s.io/kubernetes, with busybox
+#                         (hack/images.sh e2e; the names and tags the
+#                         Kubernetes e2e suite asks for, `e2e.test --list-images`)
+#
+#   hack/images.sh [driver|sidecars|e2e|all]     (default all: driver and sidecars)
 #
 # IMAGES_DIR (default build/images) receives the tarballs; TAG (default dev)
 # tags the driver image. The sidecar tags are build.sh's pinned versions.
@@ -73,10 +80,37 @@ sidecars() {
   sidecar snapshot-controller "${SNAPSHOTTER:-v8.7.0}"
 }
 
+# The images the Kubernetes e2e suite's storage tests run, under the exact
+# names it expects, from what build.sh put in the cache (E2E_SUITE=1).
+e2e() {
+  local bb=$CACHE/debs/root/bin/busybox
+  [ -x "$bb" ] && [ -x "$CACHE/bin/agnhost" ] && [ -x "$CACHE/bin/e2e.test" ] || {
+    echo "images: busybox, agnhost or e2e.test missing in $CACHE; run E2E_SUITE=1 hack/local-cluster/build.sh first" >&2
+    exit 1
+  }
+  local list busybox_tags agnhost_tag
+  list=$("$CACHE/bin/e2e.test" --list-images)
+  mapfile -t busybox_tags < <(grep '^registry.k8s.io/e2e-test-images/busybox:' <<<"$list")
+  agnhost_tag=$(grep '^registry.k8s.io/e2e-test-images/agnhost:' <<<"$list" | sort -V | tail -1)
+  local applets=() a
+  for a in $("$bb" --list); do
+    [ "$a" = busybox ] || applets+=(-symlink "/bin/$a:/bin/busybox")
+  done
+  local t
+  for t in "${busybox_tags[@]}"; do
+    echo "images: $t" >&2
+    imagetar -tag "$t" -o "$OUT/busybox-${t##*:}.tar" -file "$bb:/bin/busybox" "${applets[@]}" -cmd sh
+  done
+  echo "images: $agnhost_tag" >&2
+  imagetar -tag "$agnhost_tag" -o "$OUT/agnhost.tar" -file "$bb:/bin/busybox" "${applets[@]}" \
+    -file "$CACHE/bin/agnhost:/agnhost" -symlink /agnhost-2:agnhost -dir /uploads -entrypoint /agnhost -cmd pause
+}
+
 case $what in
 driver) driver ;;
 sidecars) sidecars ;;
+e2e) e2e ;;
 all) sidecars && driver ;;
-*) echo "usage: hack/images.sh [driver|sidecars|all]" >&2; exit 2 ;;
+*) echo "usage: hack/images.sh [driver|sidecars|e2e|all]" >&2; exit 2 ;;
 esac
 echo "images: tarballs in $OUT; import with: ctr -n k8s.io images import $OUT/<name>.tar" >&2

@@ -53,13 +53,14 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("imagetar", flag.ContinueOnError)
 	tag := fs.String("tag", "", "image reference, e.g. local.test/spindle:dev (required)")
 	out := fs.String("o", "", "output tarball (required)")
-	var entrypoint, cmd, files, programs, envs, dirs listFlag
+	var entrypoint, cmd, files, programs, envs, dirs, symlinks listFlag
 	fs.Var(&entrypoint, "entrypoint", "entrypoint argument (repeat for each)")
 	fs.Var(&cmd, "cmd", "default command argument (repeat for each)")
 	fs.Var(&files, "file", "SRC[:DST] file to copy into the image (DST defaults to SRC)")
 	fs.Var(&programs, "program", "program on PATH to copy with its shared libraries")
 	fs.Var(&envs, "env", "KEY=VALUE in the image config")
 	fs.Var(&dirs, "dir", "empty directory to create in the image")
+	fs.Var(&symlinks, "symlink", "LINK:TARGET symlink to create in the image")
 	mergedUsr := fs.Bool("merged-usr", false, "make /bin, /sbin, /lib and /lib64 symlinks into /usr and store files there")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -93,6 +94,13 @@ func run(args []string) error {
 		if err := layer.program(p); err != nil {
 			return err
 		}
+	}
+	for _, s := range symlinks {
+		link, target, ok := strings.Cut(s, ":")
+		if !ok || link == "" || target == "" {
+			return fmt.Errorf("-symlink %q: want LINK:TARGET", s)
+		}
+		layer.symlink(layer.canon(link), target)
 	}
 	return write(*out, *tag, layer, entrypoint, cmd, envs)
 }
