@@ -42,18 +42,19 @@ step() {
   echo "build: $name $version took $((SECONDS - start))s" >&2
 }
 
-# containerd 1.6, runc and the CNI plugins, unpacked under $CACHE/debs/root.
+# containerd 1.6, runc, the CNI plugins and busybox-static (for the images
+# the Kubernetes e2e suite runs), unpacked under $CACHE/debs/root.
 debs() {
   local d=$CACHE/debs
   rm -rf "$d" && mkdir -p "$d/root"
-  local pkgs=(containerd runc containernetworking-plugins)
+  local pkgs=(containerd runc containernetworking-plugins busybox-static)
   # A fresh machine may have no package lists yet. (apt-get warns that
   # root downloads unsandboxed; the packages still arrive.)
   (cd "$d" && apt-get download -q "${pkgs[@]}" >/dev/null 2>&1) ||
     (apt-get update -qq && cd "$d" && apt-get download -q "${pkgs[@]}" 2>&1 | grep -v unsandboxed)
   local deb
   for deb in "$d"/*.deb; do dpkg -x "$deb" "$d/root"; done
-  test -x "$d/root/usr/bin/containerd" && test -x "$d/root/usr/sbin/runc"
+  test -x "$d/root/usr/bin/containerd" && test -x "$d/root/usr/sbin/runc" && test -x "$d/root/bin/busybox"
 }
 
 # scratch_module DIR MODULE VERSION [copy-replaces] PKG...: a module that
@@ -125,6 +126,31 @@ kubernetes() {
   go build -ldflags "-s -w $x" -o "$BIN/" "${cmds[@]/#/k8s.io/kubernetes/cmd/}"
 }
 
+# The Kubernetes e2e suite (e2e.test, for `make e2e-storage`) and agnhost,
+# the test image's binary, from the same release; a scratch module of its
+# own with the same staging replaces as kubernetes() above.
+kubernetes_e2e() {
+  local dir=$SRC/kubernetes-e2e staging=v0.${K8S#v1.}
+  rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
+  go mod download "k8s.io/kubernetes@$K8S"
+  local upstream=$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$K8S.mod
+  {
+    echo "module example.local/kubernetes-e2e"
+    echo "go $(awk '/^go /{print $2; exit}' "$upstream")"
+    grep '^godebug default' "$upstream" || true
+    echo "require k8s.io/kubernetes $K8S"
+    grep -E '=> \./staging' "$upstream" | awk -v V="$staging" '{print "replace " $1 " => " $1 " " V}'
+  } > go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/test/e2e"\n\t_ "k8s.io/kubernetes/test/images/agnhost"\n)\n' > tools.go
+  go mod tidy
+  local minor
+  minor=$(echo "$K8S" | cut -d. -f2)
+  local x="-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1"
+  x+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+  go test -c -ldflags "-s -w $x" -o "$BIN/e2e.test" k8s.io/kubernetes/test/e2e
+  go build -ldflags "-s -w" -o "$BIN/agnhost" k8s.io/kubernetes/test/images/agnhost
+}
+
 # sidecar MODULE VERSION PKG...
 sidecar() {
   local module=$1 version=$2
@@ -149,11 +175,15 @@ snapshotter() {
 }
 
 start=$SECONDS
-step debs 1 debs
+step debs 2 debs
 step etcd "$ETCD" etcd
 step kubernetes "$K8S" kubernetes
 step csi-provisioner "$PROVISIONER" provisioner
 step csi-attacher "$ATTACHER" attacher
 step csi-resizer "$RESIZER" resizer
 step csi-snapshotter "$SNAPSHOTTER" snapshotter
+# Only `make e2e-storage` needs the e2e suite (E2E_SUITE=1).
+if [ "${E2E_SUITE:-0}" = 1 ]; then
+  step kubernetes-e2e "$K8S" kubernetes_e2e
+fi
 echo "build: local cluster binaries ready in $BIN ($((SECONDS - start))s)" >&2

@@ -23,6 +23,7 @@ pkill -9 -f "containerd-shim.*$CLUSTER_DIR" 2>/dev/null
 if [ -f "$RUN/sysctl.saved" ]; then
   while read -r setting; do sysctl -q -w "$setting"; done <"$RUN/sysctl.saved"
 fi
+ip link del "$POD_BRIDGE" 2>/dev/null
 # Mounts, deepest first; then the loop devices of the pool.
 grep " $CLUSTER_DIR" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
 for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$POOL_DIR/" 'index($2, d) == 1 {print $1}'); do losetup -d "$dev"; done

@@ -15,6 +15,9 @@ KUBELET_DIR=$CLUSTER_DIR/kubelet
 POOL_DIR=$CLUSTER_DIR/pool
 CSI_SOCKET=$KUBELET_DIR/plugins/$DRIVER_NAME/csi.sock
 CONTAINERD_SOCKET=$CLUSTER_DIR/containerd/containerd.sock
+# The pods' network: a bridge on this machine and its subnet.
+POD_BRIDGE=${POD_BRIDGE:-spindle-cni0}
+POD_SUBNET=${POD_SUBNET:-10.244.0.0/24}
 export KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
 export PATH="$DEBS/usr/bin:$DEBS/usr/sbin:$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 kubectl() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }

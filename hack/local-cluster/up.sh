@@ -14,7 +14,11 @@
 # - kubelet 1.36 refuses cgroup v1 unless failCgroupV1: false (cgroupfs driver);
 # - runc cannot set oom_score_adj without CAP_SYS_RESOURCE, so containerd
 #   runs with restrict_oom_score_adj;
-# - no pod network: a loopback-only CNI; pods use hostNetwork;
+# - no pod network provider: a bridge on this machine (POD_BRIDGE) with
+#   host-local addresses; pods reach this machine, nothing beyond it;
+# - no DNS name for the node, and kubelet may not report a loopback address:
+#   kubelet listens on every address (client certificates of the cluster's CA
+#   only) and the apiserver reaches it at its InternalIP (kubectl exec, logs);
 # - no registry: images are assembled by hack/imagetar and imported with ctr.
 set -euo pipefail
 # shellcheck source=hack/local-cluster/env.sh
@@ -85,16 +89,23 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 
   --advertise-address 127.0.0.1 --endpoint-reconciler-type none --tls-cert-file "$P/apiserver.crt" --tls-private-key-file "$P/apiserver.key" \
   --client-ca-file "$P/ca.crt" --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$P/sa.pub" \
   --service-account-signing-key-file "$P/sa.key" --service-cluster-ip-range 10.0.0.0/24 --authorization-mode Node,RBAC \
-  --allow-privileged=true --kubelet-client-certificate "$P/admin.crt" --kubelet-client-key "$P/admin.key"
+  --allow-privileged=true --kubelet-client-certificate "$P/admin.crt" --kubelet-client-key "$P/admin.key" \
+  --kubelet-preferred-address-types InternalIP
 wait_for "kube-apiserver /readyz" 120 kubectl get --raw /readyz
 common=(--kubeconfig "$KUBECONFIG" --authentication-kubeconfig "$KUBECONFIG" --authorization-kubeconfig "$KUBECONFIG" --bind-address 127.0.0.1 --leader-elect=false)
 start kube-controller-manager "$BIN/kube-controller-manager" "${common[@]}" --service-account-private-key-file "$P/sa.key" \
   --root-ca-file "$P/ca.crt" --controllers '*'
 start kube-scheduler "$BIN/kube-scheduler" "${common[@]}"
 
-# --- containerd + runc, loopback-only CNI
-cp "$DEBS/usr/lib/cni/loopback" "$CLUSTER_DIR/cni/bin/"
-echo '{"cniVersion":"0.4.0","name":"loopback-only","plugins":[{"type":"loopback"}]}' >"$CLUSTER_DIR/cni/net.d/10-loopback.conflist"
+# --- containerd + runc
+# --- pod network: one bridge on this machine, host-local addresses, no NAT
+# and no route out (the pods talk to this machine only; nothing here needs
+# iptables).
+cp "$DEBS/usr/lib/cni/"{loopback,bridge,host-local} "$CLUSTER_DIR/cni/bin/"
+cat >"$CLUSTER_DIR/cni/net.d/10-spindle-pods.conflist" <<CNI
+{"cniVersion":"0.4.0","name":"spindle-pods","plugins":[{"type":"bridge","bridge":"$POD_BRIDGE","isGateway":true,"ipMasq":false,
+ "ipam":{"type":"host-local","ranges":[[{"subnet":"$POD_SUBNET"}]],"dataDir":"$CLUSTER_DIR/cni/ipam"}}]}
+CNI
 cat >"$CLUSTER_DIR/containerd/config.toml" <<CT
 version = 2
 root = "$CLUSTER_DIR/containerd/root"
@@ -142,7 +153,7 @@ kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://$CONTAINERD_SOCKET
-address: 127.0.0.1
+address: 0.0.0.0
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $P/ca.crt}}
