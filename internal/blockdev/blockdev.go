@@ -1,5 +1,6 @@
-// Package blockdev holds the checks on block devices that every attacher
-// makes before it lets a device go.
+// Package blockdev holds what every attacher needs of block devices: the
+// in-use check before a device is let go, a device's size from sysfs, and
+// loop devices (LoopDevices) with Spindle's one geometry.
 package blockdev
 
 import (

@@ -18,6 +18,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/config"
@@ -56,8 +57,8 @@ type testEnv struct {
 	ns    *nodeService
 	is    *identityService
 	logs  *observer.ObservedLogs
-	loops map[string]*loop.FakeLoopDevices // by instance key
-	pools map[string]*filestore.Store      // by instance key
+	loops map[string]*blockdev.FakeLoopDevices // by instance key
+	pools map[string]*filestore.Store          // by instance key
 	// kubelet is the driver's --kubelet-dir, a temporary directory: the
 	// staging and target paths of the tests lie below it.
 	kubelet string
@@ -83,10 +84,10 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 		f(&o)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	e := &testEnv{kubelet: o.KubeletDir, logs: logs, loops: map[string]*loop.FakeLoopDevices{}, pools: map[string]*filestore.Store{}}
+	e := &testEnv{kubelet: o.KubeletDir, logs: logs, loops: map[string]*blockdev.FakeLoopDevices{}, pools: map[string]*filestore.Store{}}
 	instances := map[string]*backend.Instance{}
 	for _, name := range []string{"default", "fast"} {
-		fake := loop.NewFakeLoopDevices()
+		fake := blockdev.NewFakeLoopDevices()
 		inst, err := loop.NewWithLoopDevices(name, loop.Config{PoolDir: filepath.Join(t.TempDir(), "pool-"+name)}, fake)
 		if err != nil {
 			t.Fatalf("loop instance %s: %v", name, err)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
@@ -770,7 +771,7 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 		return nil, err
 	}
 	if m == nil {
-		size, err := node.DeviceSizeBytes(dev.major, dev.minor)
+		size, err := blockdev.SizeOfNumber(dev.major, dev.minor)
 		if err != nil {
 			return nil, err
 		}

@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/testutil"
 
 	"golang.org/x/sys/unix"
@@ -520,12 +521,12 @@ func TestRealDeviceNumberAndSize(t *testing.T) {
 	if err != nil || !ok || bMajor != major || bMinor != minor {
 		t.Errorf("BlockDeviceAt(%s) = %d:%d %v %v, want %d:%d true", dev, bMajor, bMinor, ok, err, major, minor)
 	}
-	got, err := DeviceSizeBytes(major, minor)
+	got, err := blockdev.SizeOfNumber(major, minor)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got != size {
-		t.Errorf("DeviceSizeBytes = %d, want the image size %d", got, size)
+		t.Errorf("SizeOfNumber = %d, want the image size %d", got, size)
 	}
 
 	if _, _, ok, err := BlockDeviceAt(file); ok || err != nil {
@@ -537,8 +538,8 @@ func TestRealDeviceNumberAndSize(t *testing.T) {
 	if _, _, err := DeviceNumber(file); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("DeviceNumber(regular file) = %v, want invalid argument", err)
 	}
-	if _, err := DeviceSizeBytes(4095, 4095); err == nil {
-		t.Error("DeviceSizeBytes of a device that does not exist succeeded")
+	if _, err := blockdev.SizeOfNumber(4095, 4095); err == nil {
+		t.Error("SizeOfNumber of a device that does not exist succeeded")
 	}
 }
 

@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spindle-csi/spindle/internal/blockdev"
 )
 
 // FilesystemUsage is what a mounted filesystem reports.
@@ -60,7 +60,7 @@ func BlockDeviceSize(path string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return DeviceSizeBytes(major, minor)
+	return blockdev.SizeOfNumber(major, minor)
 }
 
 // DevicePath names the device node of a device number as the kernel does
@@ -72,18 +72,4 @@ func DevicePath(major, minor uint32) string {
 		return ""
 	}
 	return "/dev/" + filepath.Base(target)
-}
-
-// DeviceSizeBytes reads a block device's size from sysfs, without opening it.
-func DeviceSizeBytes(major, minor uint32) (int64, error) {
-	p := filepath.Join("/sys/dev/block", fmt.Sprintf("%d:%d", major, minor), "size")
-	data, err := os.ReadFile(p)
-	if err != nil {
-		return 0, err
-	}
-	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", p, err)
-	}
-	return sectors * 512, nil // sysfs counts 512-byte sectors whatever the block size
 }

@@ -414,13 +414,5 @@ func (k *kernel) Refresh(ctx context.Context, s session, dev string) (int64, err
 	if _, err := k.adm(ctx, k.node(s.IQN, t.Portal, "--rescan")...); err != nil {
 		return 0, k.admError(err, s, t.Portal)
 	}
-	data, err := os.ReadFile(filepath.Join(k.sysRoot, "block", filepath.Base(dev), "size"))
-	if err != nil {
-		return 0, err
-	}
-	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	if err != nil {
-		return 0, err
-	}
-	return sectors * 512, nil
+	return blockdev.Size(k.sysRoot, dev)
 }

@@ -35,13 +35,13 @@ import (
 // export. The last detach stops the daemon, which removes the FUSE mount.
 type userspace struct {
 	run      *command.Runner
+	loops    blockdev.LoopDevices
 	stateDir string
-	sysRoot  string // "/sys"
 	devRoot  string // "/dev"
 }
 
 func newUserspace(run *command.Runner, stateDir string) *userspace {
-	return &userspace{run: run, stateDir: stateDir, sysRoot: "/sys", devRoot: "/dev"}
+	return &userspace{run: run, loops: blockdev.NewLosetup(run), stateDir: stateDir, devRoot: "/dev"}
 }
 
 // qsdNode is the block node and export name inside each daemon.
@@ -123,14 +123,11 @@ func (u *userspace) Connect(ctx context.Context, s session) (*connDevice, error)
 		}
 		started = true
 	}
-	lun := u.lunFile(s.IQN)
-	args := []string{"--find", "--show"}
-	if s.ReadOnly {
-		args = append(args, "--read-only")
-	}
-	out, err := u.run.Run(ctx, "losetup", append(args, lun)...)
+	// The loop device has Spindle's one geometry (4 KiB sectors) and
+	// direct I/O, as every loop device Spindle binds: the page cache of
+	// the FUSE file would be a second copy of what the node caches.
+	dev, err := u.loops.Attach(ctx, u.lunFile(s.IQN), s.ReadOnly, true)
 	if err == nil {
-		dev := strings.TrimSpace(string(out))
 		var d *connDevice
 		if d, err = u.Identify(ctx, s.IQN, s.Serial, dev); err == nil && d.ReadOnly == s.ReadOnly {
 			return d, nil
@@ -138,7 +135,7 @@ func (u *userspace) Connect(ctx context.Context, s session) (*connDevice, error)
 		if err == nil {
 			err = errdefs.Precondition("loop device %s came up with read-only=%t, asked for %t", dev, d.ReadOnly, s.ReadOnly)
 		}
-		_, _ = u.run.Run(ctx, "losetup", "--detach", dev)
+		_ = u.loops.Detach(ctx, dev)
 	}
 	if started {
 		// Leave no daemon without a device behind.
@@ -282,60 +279,52 @@ func waitGone(pid int, wait time.Duration) bool {
 }
 
 // loopDevices lists the loop devices bound to file.
-func (u *userspace) loopDevices(file string) ([]connDevice, error) {
-	paths, err := filepath.Glob(filepath.Join(u.sysRoot, "block", "loop*", "loop", "backing_file"))
+func (u *userspace) loopDevices(ctx context.Context, file string) ([]connDevice, error) {
+	devs, err := u.loops.BoundTo(ctx, file)
 	if err != nil {
 		return nil, err
 	}
 	var out []connDevice
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil || strings.TrimSpace(string(data)) != file {
-			continue // unbound meanwhile, or another file
+	for _, d := range devs {
+		if !d.Deleted {
+			out = append(out, connDevice{Path: d.Path, ReadOnly: d.ReadOnly})
 		}
-		name := filepath.Base(filepath.Dir(filepath.Dir(p)))
-		ro, err := os.ReadFile(filepath.Join(u.sysRoot, "block", name, "ro"))
-		if err != nil {
-			continue
-		}
-		out = append(out, connDevice{Path: filepath.Join(u.devRoot, name), ReadOnly: strings.TrimSpace(string(ro)) == "1"})
 	}
 	return out, nil
 }
 
-func (u *userspace) Devices(_ context.Context, iqn, _ string) ([]connDevice, error) {
+func (u *userspace) Devices(ctx context.Context, iqn, _ string) ([]connDevice, error) {
 	if pid, _ := u.daemon(iqn); pid == 0 {
 		return nil, nil // a loop device on a dead export is no device of the LUN
 	}
-	return u.loopDevices(u.lunFile(iqn))
+	return u.loopDevices(ctx, u.lunFile(iqn))
 }
 
 // Identify: dev is a loop device bound to the target's FUSE export, and
 // that export's daemon is logged in to the target. (The serial is the
 // kernel mode's check; here the daemon was started for exactly this IQN,
 // whose target carries exactly this image.)
-func (u *userspace) Identify(_ context.Context, iqn, _, dev string) (*connDevice, error) {
-	name := filepath.Base(dev)
-	if !strings.HasPrefix(name, "loop") || filepath.Join(u.devRoot, name) != dev {
+func (u *userspace) Identify(ctx context.Context, iqn, _, dev string) (*connDevice, error) {
+	d, err := u.loops.Get(ctx, dev)
+	switch errdefs.KindOf(err) {
+	case nil:
+	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
 		return nil, errdefs.NotFound("%s is not a loop device of target %s", dev, iqn)
+	default:
+		return nil, err
 	}
 	if pid, _ := u.daemon(iqn); pid == 0 {
 		return nil, errdefs.NotFound("%s: no qemu-storage-daemon is logged in to target %s on this node", dev, iqn)
 	}
-	data, err := os.ReadFile(filepath.Join(u.sysRoot, "block", name, "loop", "backing_file"))
-	if err != nil || strings.TrimSpace(string(data)) != u.lunFile(iqn) {
+	if d.BackingFile != u.lunFile(iqn) || d.Deleted {
 		return nil, errdefs.NotFound("%s is not bound to the export of target %s", dev, iqn)
 	}
-	ro, err := os.ReadFile(filepath.Join(u.sysRoot, "block", name, "ro"))
-	if err != nil {
-		return nil, errdefs.NotFound("%s: %v", dev, err)
-	}
-	return &connDevice{Path: dev, ReadOnly: strings.TrimSpace(string(ro)) == "1"}, nil
+	return &connDevice{Path: dev, ReadOnly: d.ReadOnly}, nil
 }
 
 func (u *userspace) Disconnect(ctx context.Context, iqn, _, dev string) error {
 	lun := u.lunFile(iqn)
-	devs, err := u.loopDevices(lun)
+	devs, err := u.loopDevices(ctx, lun)
 	if err != nil {
 		return err
 	}
@@ -362,14 +351,13 @@ func (u *userspace) detachLoop(ctx context.Context, iqn, lun, dev string) error 
 	if busy, _ := blockdev.InUse(dev); busy {
 		return errdefs.Precondition("loop device %s of target %s is still in use (mounted or held open exclusively)", dev, iqn)
 	}
-	if _, err := u.run.Run(ctx, "losetup", "--detach", dev); err != nil && !strings.Contains(command.Stderr(err), "No such device") {
+	if err := u.loops.Detach(ctx, dev); err != nil {
 		return err
 	}
-	backing := filepath.Join(u.sysRoot, "block", filepath.Base(dev), "loop", "backing_file")
 	deadline := time.Now().Add(releaseWait)
 	for {
-		data, err := os.ReadFile(backing)
-		if err != nil || strings.TrimSpace(string(data)) != lun {
+		d, err := u.loops.Get(ctx, dev)
+		if err != nil || d.BackingFile != lun {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -404,18 +392,10 @@ func (u *userspace) Refresh(ctx context.Context, s session, dev string) (int64, 
 		}
 		time.Sleep(pollEvery)
 	}
-	if _, err := u.run.Run(ctx, "losetup", "--set-capacity", dev); err != nil {
+	if err := u.loops.SetCapacity(ctx, dev); err != nil {
 		return 0, err
 	}
-	data, err := os.ReadFile(filepath.Join(u.sysRoot, "block", filepath.Base(dev), "size"))
-	if err != nil {
-		return 0, err
-	}
-	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	if err != nil {
-		return 0, err
-	}
-	return sectors * 512, nil
+	return u.loops.Size(dev)
 }
 
 // qmp runs one QMP command on a daemon's control socket.

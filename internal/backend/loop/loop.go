@@ -21,6 +21,7 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -70,16 +71,12 @@ func (c Config) Validate(where string) []error {
 
 // New builds the instance named name.
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
-	return newInstance(name, cfg, newLosetup(run))
+	return NewWithLoopDevices(name, cfg, blockdev.NewLosetup(run))
 }
 
-// NewWithLoopDevices builds an instance on a given loop driver (a
-// FakeLoopDevices in tests).
-func NewWithLoopDevices(name string, cfg Config, loops *FakeLoopDevices) (*backend.Instance, error) {
-	return newInstance(name, cfg, loops)
-}
-
-func newInstance(name string, cfg Config, loops loopDevices) (*backend.Instance, error) {
+// NewWithLoopDevices builds an instance on the given loop driver (the
+// real one, or a blockdev.FakeLoopDevices in tests).
+func NewWithLoopDevices(name string, cfg Config, loops blockdev.LoopDevices) (*backend.Instance, error) {
 	key := Type + "/" + name
 	store, err := filestore.New(filestore.Options{
 		Dir:                 cfg.PoolDir,
@@ -203,7 +200,7 @@ func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error 
 // Attacher binds images to loop devices on this node.
 type Attacher struct {
 	store *filestore.Store
-	loops loopDevices
+	loops blockdev.LoopDevices
 }
 
 var _ backend.Attacher = (*Attacher)(nil)
@@ -254,17 +251,17 @@ func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*back
 	return a.device(img, *d), nil
 }
 
-func (a *Attacher) device(img *backend.Image, d LoopDevice) *backend.Device {
+func (a *Attacher) device(img *backend.Image, d blockdev.LoopDevice) *backend.Device {
 	return backend.DeviceOf(img, d.Path, d.ReadOnly)
 }
 
-func (a *Attacher) lookup(ctx context.Context, devPath string) (*LoopDevice, error) {
+func (a *Attacher) lookup(ctx context.Context, devPath string) (*blockdev.LoopDevice, error) {
 	return a.loops.Get(ctx, devPath)
 }
 
 // devicesOf lists the loop devices bound to path; with deleted, also those
 // still bound to an unlinked file of that name.
-func (a *Attacher) devicesOf(ctx context.Context, path string, deleted bool) ([]LoopDevice, error) {
+func (a *Attacher) devicesOf(ctx context.Context, path string, deleted bool) ([]blockdev.LoopDevice, error) {
 	all, err := a.loops.BoundTo(ctx, path)
 	if err != nil {
 		return nil, err
@@ -320,7 +317,7 @@ const (
 // would let the volume move to another node while this one can still write
 // it. A hold that outlasts releaseWait is a precondition failure, so the
 // caller retries; the device is released at the holder's last close.
-func (a *Attacher) awaitRelease(ctx context.Context, imageID string, d LoopDevice) error {
+func (a *Attacher) awaitRelease(ctx context.Context, imageID string, d blockdev.LoopDevice) error {
 	deadline := time.Now().Add(releaseWait)
 	for {
 		cur, err := a.lookup(ctx, d.Path)

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/testutil"
 
 	"golang.org/x/sys/unix"
@@ -62,13 +63,13 @@ func TestConformanceLosetup(t *testing.T) {
 type env struct {
 	inst  *backend.Instance
 	store *filestore.Store
-	fake  *loop.FakeLoopDevices // nil with real losetup
+	fake  *blockdev.FakeLoopDevices // nil with real losetup
 }
 
 func newFakeEnv(t *testing.T, cfg loop.Config) *env {
 	t.Helper()
 	cfg.PoolDir = filepath.Join(t.TempDir(), "pool")
-	fake := loop.NewFakeLoopDevices()
+	fake := blockdev.NewFakeLoopDevices()
 	inst, err := loop.NewWithLoopDevices("test", cfg, fake)
 	if err != nil {
 		t.Fatal(err)
@@ -681,7 +682,7 @@ func TestCreateENOSPC(t *testing.T) {
 		t.Run(fmt.Sprintf("%d free inodes", freeInodes), func(t *testing.T) {
 			pool := filepath.Join(t.TempDir(), "pool")
 			mountTmpfs(t, pool, "size=16m,nr_inodes=64,mode=0750")
-			fake := loop.NewFakeLoopDevices()
+			fake := blockdev.NewFakeLoopDevices()
 			inst, err := loop.NewWithLoopDevices("enospc", loop.Config{PoolDir: pool}, fake)
 			if err != nil {
 				t.Fatal(err)
@@ -812,7 +813,7 @@ func sharedPoolInstances(t *testing.T) [2]*backend.Instance {
 	pool := filepath.Join(t.TempDir(), "pool")
 	var insts [2]*backend.Instance
 	for i := range insts {
-		inst, err := loop.NewWithLoopDevices("shared", loop.Config{PoolDir: pool}, loop.NewFakeLoopDevices())
+		inst, err := loop.NewWithLoopDevices("shared", loop.Config{PoolDir: pool}, blockdev.NewFakeLoopDevices())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -24,7 +24,7 @@ import (
 // <that dir>/<image>, says which image it is.
 type fuseMapper struct {
 	c        *cluster
-	loops    loop.Devices
+	loops    blockdev.LoopDevices
 	dir      string // <fuseDir>/<instance>/<pool>
 	sysRoot  string
 	procRoot string // "/proc"

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -223,24 +224,7 @@ func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
 // Refresh: krbd and rbd-nbd watch the image header and resize the device
 // themselves when the image grows; Refresh reads the size the kernel has.
 func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
-	return blockSize(k.sysRoot, dev)
-}
-
-// blockSize reads /sys/block/<dev>/size, which counts 512-byte sectors.
-func blockSize(sysRoot, dev string) (int64, error) {
-	path := filepath.Join(sysRoot, "block", filepath.Base(dev), "size")
-	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return 0, errdefs.NotFound("device %s does not exist", dev)
-	}
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return n * 512, nil
+	return blockdev.Size(k.sysRoot, dev)
 }
 
 // Available: the kernel module is loaded (this process cannot load one).

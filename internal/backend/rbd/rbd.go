@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/backend/loop"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 )
 
@@ -29,7 +29,7 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 	var m mapper
 	switch cfg.Mounter {
 	case MounterFuse:
-		m = &fuseMapper{c: c, loops: loop.NewDevices(run), dir: filepath.Join(cfg.FuseDir, name, cfg.Pool), sysRoot: "/sys", procRoot: "/proc"}
+		m = &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name, cfg.Pool), sysRoot: "/sys", procRoot: "/proc"}
 	default:
 		m = &kernelMapper{c: c, nbd: cfg.Mounter == MounterNBD, sysRoot: "/sys"}
 	}

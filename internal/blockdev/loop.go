@@ -1,4 +1,4 @@
-package loop
+package blockdev
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -28,10 +27,13 @@ type LoopDevice struct {
 	AutoClear bool
 }
 
-// loopDevices is what the attacher needs from the kernel's loop driver. The
-// real one runs losetup and reads sysfs; FakeLoopDevices stands in for it in
-// tests that must not need root.
-type loopDevices interface {
+// LoopDevices is the kernel's loop driver as attachers use it: the loop
+// backend binds its images, the rbd-fuse and iSCSI userspace transports
+// the files their daemons export, all with the same geometry (SectorSize)
+// and the same proof of what a device is bound to. The real one runs
+// losetup and reads sysfs; FakeLoopDevices stands in for it in tests that
+// must not need root.
+type LoopDevices interface {
 	// Attach binds a free loop device to file and returns its path. Without
 	// directIO the device goes through the page cache.
 	Attach(ctx context.Context, file string, readOnly, directIO bool) (string, error)
@@ -58,12 +60,15 @@ type loopDevices interface {
 // SectorSize is the logical sector size of every loop device Spindle binds.
 const SectorSize = 4096
 
-// losetup is the real loopDevices.
+// losetup is the real LoopDevices.
 type losetup struct {
 	run     *command.Runner
 	sysRoot string // "/sys"
 	devRoot string // "/dev"
 }
+
+// NewLosetup returns the real loop driver, running losetup through run.
+func NewLosetup(run *command.Runner) LoopDevices { return newLosetup(run) }
 
 func newLosetup(run *command.Runner) *losetup {
 	return &losetup{run: run, sysRoot: "/sys", devRoot: "/dev"}
@@ -118,7 +123,7 @@ func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) 
 	return l.scan(func(path string) bool { return path == file })
 }
 
-// BoundUnder implements loopDevices with the same scan as BoundTo.
+// BoundUnder implements LoopDevices with the same scan as BoundTo.
 func (l *losetup) BoundUnder(_ context.Context, dir string) ([]LoopDevice, error) {
 	dir = filepath.Clean(dir)
 	return l.scan(func(path string) bool { return filepath.Dir(path) == dir })
@@ -211,19 +216,7 @@ func (l *losetup) Size(dev string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	path := filepath.Join(l.sysRoot, "block", name, "size")
-	data, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return 0, errdefs.NotFound("loop device %s does not exist", dev)
-	}
-	if err != nil {
-		return 0, err
-	}
-	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return sectors * 512, nil
+	return Size(l.sysRoot, filepath.Join(l.devRoot, name))
 }
 
 // device reads the attributes of /sys/block/<name>; nil when it is not bound.
@@ -282,7 +275,7 @@ func readAttr(dirfd int, rel string, buf []byte) (value string, bound bool, err 
 // "losetup -d" would not tell us: on a busy device it only arms autoclear and
 // succeeds. A process holding the device open without O_EXCL is not seen
 // here; Attacher.Detach catches that case after the detach (see awaitRelease).
-func (l *losetup) InUse(dev string) (bool, error) { return blockdev.InUse(dev) }
+func (l *losetup) InUse(dev string) (bool, error) { return InUse(dev) }
 
 func (l *losetup) Available() error {
 	if _, err := os.Stat(filepath.Join(l.devRoot, "loop-control")); err != nil {

@@ -1,4 +1,4 @@
-package loop
+package blockdev
 
 import (
 	"context"
@@ -33,7 +33,7 @@ type FakeLoopDevices struct {
 	Open map[string]bool
 }
 
-var _ loopDevices = (*FakeLoopDevices)(nil)
+var _ LoopDevices = (*FakeLoopDevices)(nil)
 
 // NewFakeLoopDevices returns an empty fake.
 func NewFakeLoopDevices() *FakeLoopDevices {
