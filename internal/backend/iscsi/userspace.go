@@ -123,10 +123,11 @@ func (u *userspace) Connect(ctx context.Context, s session) (*connDevice, error)
 		}
 		started = true
 	}
-	// The loop device has Spindle's one geometry (4 KiB sectors) and
-	// direct I/O, as every loop device Spindle binds: the page cache of
-	// the FUSE file would be a second copy of what the node caches.
-	dev, err := u.loops.Attach(ctx, u.lunFile(s.IQN), s.ReadOnly, true)
+	// The loop device has Spindle's one geometry (4 KiB sectors), but goes
+	// through the page cache: with direct I/O on qemu-storage-daemon's
+	// FUSE export, an ext4 made through the device did not mount again
+	// ("probably corrupted filesystem"; csi-sanity failed 6 specs here).
+	dev, err := u.loops.Attach(ctx, u.lunFile(s.IQN), s.ReadOnly, false)
 	if err == nil {
 		var d *connDevice
 		if d, err = u.Identify(ctx, s.IQN, s.Serial, dev); err == nil && d.ReadOnly == s.ReadOnly {
