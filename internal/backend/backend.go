@@ -227,11 +227,12 @@ type Exporter interface {
 	Unpublish(ctx context.Context, imageID, nodeID string) error
 }
 
-// Reconciler is implemented by image stores and exporters whose state can
-// be left inconsistent by a crash or a restart elsewhere: an iSCSI exporter
-// re-applies the targets tgtd forgot when it restarted; an RBD store removes
-// the temporary images of interrupted creates. A controller calls Reconcile
-// when it opens the instance; it returns what it changed, for the log.
+// Reconciler is implemented by image stores whose state (or whose
+// exports') can be left inconsistent by a crash or a restart elsewhere: the
+// iSCSI store re-applies the targets tgtd forgot when it restarted; the RBD
+// store removes the temporary images of interrupted creates. A controller
+// calls Reconcile when it opens the instance; it returns what it changed,
+// for the log.
 type Reconciler interface {
 	Reconcile(ctx context.Context) (changed []string, err error)
 }

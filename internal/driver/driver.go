@@ -101,20 +101,18 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 // does not answer now is no reason not to serve: Probe reports it, and the
 // next start (for iSCSI, each volume's next publish) repairs it.
 func reconcile(inst *backend.Instance, log *zap.Logger) {
-	for _, part := range []any{inst.Store, inst.Exporter} {
-		r, ok := part.(backend.Reconciler)
-		if !ok {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		changed, err := r.Reconcile(ctx)
-		cancel()
-		for _, c := range changed {
-			log.Info("repaired backend state", zap.String("backend", inst.Key()), zap.String("change", c))
-		}
-		if err != nil {
-			log.Warn("could not repair backend state", zap.String("backend", inst.Key()), zap.Error(err))
-		}
+	r, ok := inst.Store.(backend.Reconciler)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	changed, err := r.Reconcile(ctx)
+	cancel()
+	for _, c := range changed {
+		log.Info("repaired backend state", zap.String("backend", inst.Key()), zap.String("change", c))
+	}
+	if err != nil {
+		log.Warn("could not repair backend state", zap.String("backend", inst.Key()), zap.Error(err))
 	}
 }
 

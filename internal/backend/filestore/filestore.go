@@ -490,7 +490,14 @@ func (s *Store) CheckImage(_ context.Context, id string) error {
 
 // ErrUnchanged, returned by an Update function, ends the update without
 // writing: the image is returned as it is.
-var ErrUnchanged = errors.New("unchanged")
+var ErrUnchanged = backend.ErrUnchanged
+
+var _ backend.Ledger = (*Store)(nil)
+
+// UpdateGrants implements backend.Ledger with Update and UpdateInPool.
+func (s *Store) UpdateGrants(ctx context.Context, id string, withPool bool, fn func(img *backend.Image, others []*backend.Image) error) (*backend.Image, error) {
+	return s.update(ctx, id, withPool, fn)
+}
 
 // Update applies fn to the image's metadata under the pool lock and stores
 // the result. fn's error aborts the update and is returned as it is, except
@@ -687,23 +694,6 @@ func (s *Store) RecordFormatted(ctx context.Context, imageID, fsType string) err
 		return nil
 	})
 	return err
-}
-
-// NodeFor returns the registered node att is for, as an exporter's Publish
-// needs it. For a node that never registered, a volume another node holds
-// is refused for that reason first: "published to node A" is what an
-// operator moving a pod needs to read, whether or not the new node has
-// registered yet.
-func (s *Store) NodeFor(ctx context.Context, imageID string, att backend.Attachment) (*backend.NodeInfo, error) {
-	node, err := s.Node(ctx, att.NodeID)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		if img, getErr := s.Get(ctx, imageID); getErr == nil {
-			if _, conflict := backend.Admit(img, att); conflict != nil {
-				return nil, conflict
-			}
-		}
-	}
-	return node, err
 }
 
 func (s *Store) readNode(path string) (*backend.NodeInfo, error) {

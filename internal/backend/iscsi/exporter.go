@@ -27,33 +27,28 @@ type exportRecord struct {
 	CHAP bool `json:"chap"`
 }
 
-// Exporter grants nodes access by putting their initiators in the ACL of
-// the volume's target, and records attachments in the image metadata.
-type Exporter struct {
+// targets keeps one iSCSI target per published volume in step with the
+// volume's grants: backend.GrantExporter records the grants in the image
+// metadata, and these hooks put the granted nodes' initiators in the
+// target's ACL (with the CHAP accounts of the publish's secrets) and take
+// them out again.
+type targets struct {
+	backend.NoExportHooks
 	store    *filestore.Store
 	tool     targetTool
 	cfg      Config
 	instance string
-	key      string // "iscsi/<instance>", for messages
 }
 
-var _ backend.Exporter = (*Exporter)(nil)
-var _ backend.Reconciler = (*Exporter)(nil)
-
-// SupportsAccess implements backend.Exporter. A LUN of a file image may be
-// written from one node only (no cluster filesystem coordinates writers),
-// and shared across nodes read-only.
-func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
-	return backend.OneWriterNode("iscsi", "a LUN of a file image can be written from one node only", t, m)
-}
+var _ backend.ExportHooks = (*targets)(nil)
 
 // targetIQN is the IQN of the image's target.
-func (e *Exporter) targetIQN(imageID string) string {
+func (e *targets) targetIQN(imageID string) string {
 	return TargetIQN(e.cfg.TargetPrefix, e.instance, imageID)
 }
 
 // export is what the image's target must look like with these attachments.
-func (e *Exporter) export(img *backend.Image, chap *CHAP) (Export, error) {
+func (e *targets) export(img *backend.Image, chap *CHAP) (Export, error) {
 	x := Export{
 		IQN:       e.targetIQN(img.ID),
 		ImagePath: e.store.ImagePath(img.ID),
@@ -72,77 +67,47 @@ func (e *Exporter) export(img *backend.Image, chap *CHAP) (Export, error) {
 	return x, nil
 }
 
-// Publish implements backend.Exporter: under the pool lock it admits the
-// attachment, applies the target (also on a repeated publish, which so
-// rebuilds a target lost with a tgtd restart) and then records it.
-func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
+// CheckPublish: the node ID must make an initiator name, and the CHAP
+// secrets (if any) must be complete.
+func (e *targets) CheckPublish(ctx context.Context, att backend.Attachment) error {
 	if _, err := InitiatorIQN(e.cfg.InitiatorPrefix, att.NodeID); err != nil {
-		return nil, err
+		return err
 	}
+	_, err := chapFrom(backend.SecretsFrom(ctx))
+	return err
+}
+
+// Apply applies the volume's whole target on every publish, a repeated one
+// too, which so rebuilds a target lost with a tgtd restart. A new
+// initiator that could not be applied does not stay in the ACL.
+func (e *targets) Apply(ctx context.Context, img, before *backend.Image) error {
 	chap, err := chapFrom(backend.SecretsFrom(ctx))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	node, err := e.store.NodeFor(ctx, imageID, att)
-	if err != nil {
-		return nil, err
-	}
-	admit := func(img *backend.Image, others []*backend.Image) error {
-		already, err := backend.Admit(img, att)
-		if err != nil {
-			return err
+	err = e.apply(ctx, img, chap, len(before.Attachments) > 0)
+	if err != nil && len(img.Attachments) > len(before.Attachments) {
+		if rerr := e.applyACLOnly(ctx, before); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("roll back the ACL: %w", rerr))
 		}
-		before := img.Clone()
-		if !already {
-			if limit := node.MaxVolumesPerNode; limit > 0 {
-				if n := backend.PublishedTo(others, att.NodeID); n >= limit {
-					return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", att.NodeID, n, e.key, limit)
-				}
-			}
-			img.Attachments = append(img.Attachments, att)
-		}
-		if err := e.apply(ctx, img, chap, len(before.Attachments) > 0); err != nil {
-			if !already {
-				// Do not leave the new initiator in an ACL the record
-				// does not know about.
-				if rerr := e.applyACLOnly(ctx, before); rerr != nil {
-					err = errors.Join(err, fmt.Errorf("roll back the ACL: %w", rerr))
-				}
-			}
-			return err
-		}
-		if already {
-			return filestore.ErrUnchanged
-		}
-		return nil
 	}
-	var img *backend.Image
-	if node.MaxVolumesPerNode > 0 {
-		img, err = e.store.UpdateInPool(ctx, imageID, admit)
-	} else {
-		img, err = e.store.Update(ctx, imageID, func(img *backend.Image) error { return admit(img, nil) })
-	}
-	if err != nil {
-		return nil, err
-	}
-	// The node's grant as recorded: a repeated publish keeps the first.
-	readOnly := att.ReadOnly
-	if granted, err := backend.GrantOf(img, att.NodeID); err == nil {
-		readOnly = granted.ReadOnly
-	}
+	return err
+}
+
+// PublishContext: where to log in and which LUN is the volume's.
+func (e *targets) PublishContext(img *backend.Image) map[string]string {
 	return map[string]string{
-		ContextPortals:          strings.Join(e.cfg.Portals, ","),
-		ContextTargetIQN:        e.targetIQN(imageID),
-		ContextLUN:              strconv.Itoa(LUN),
-		ContextSerial:           Serial(e.instance, imageID),
-		backend.ContextReadOnly: strconv.FormatBool(readOnly),
-	}, nil
+		ContextPortals:   strings.Join(e.cfg.Portals, ","),
+		ContextTargetIQN: e.targetIQN(img.ID),
+		ContextLUN:       strconv.Itoa(LUN),
+		ContextSerial:    Serial(e.instance, img.ID),
+	}
 }
 
 // apply makes the target match img's attachments and chap. A target that
 // requires CHAP keeps requiring it while the volume stays published: a
 // publish without credentials is refused rather than opening the LUN.
-func (e *Exporter) apply(ctx context.Context, img *backend.Image, chap *CHAP, published bool) error {
+func (e *targets) apply(ctx context.Context, img *backend.Image, chap *CHAP, published bool) error {
 	rec, err := e.readRecord(img.ID)
 	if err != nil {
 		return err
@@ -165,7 +130,7 @@ func (e *Exporter) apply(ctx context.Context, img *backend.Image, chap *CHAP, pu
 // applyACLOnly sets the target's ACL to img's attachments without
 // touching its CHAP accounts (for which it has no credentials); with no
 // attachments left the target goes.
-func (e *Exporter) applyACLOnly(ctx context.Context, img *backend.Image) error {
+func (e *targets) applyACLOnly(ctx context.Context, img *backend.Image) error {
 	if len(img.Attachments) == 0 {
 		if err := e.tool.Remove(ctx, e.targetIQN(img.ID)); err != nil {
 			return err
@@ -191,26 +156,15 @@ const keepAccounts = " keep "
 
 func (c *CHAP) keep() bool { return c != nil && c.User == keepAccounts }
 
-// Unpublish implements backend.Exporter: the node's initiator leaves the
-// ACL and loses its sessions; the last one takes the target with it.
-func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {
-	_, err := e.store.Update(ctx, imageID, func(img *backend.Image) error {
-		rest, found := backend.Detached(img.Attachments, nodeID)
-		if !found {
-			return filestore.ErrUnchanged
-		}
-		img.Attachments = rest
-		return e.applyACLOnly(ctx, img)
-	})
-	if errdefs.KindOf(err) == errdefs.ErrNotFound {
-		// A deleted volume has no attachments; a target left by an
-		// interrupted delete goes now.
-		if rerr := e.tool.Remove(ctx, e.targetIQN(imageID)); rerr != nil {
-			return rerr
-		}
-		return nil
-	}
-	return err
+// Revoked: the node's initiator leaves the ACL and loses its sessions;
+// the last one takes the target with it.
+func (e *targets) Revoked(ctx context.Context, img *backend.Image) error {
+	return e.applyACLOnly(ctx, img)
+}
+
+// Gone: a target an interrupted delete left behind goes.
+func (e *targets) Gone(ctx context.Context, imageID string) error {
+	return e.tool.Remove(ctx, e.targetIQN(imageID))
 }
 
 // Reconcile makes the target host match the pool, as after a tgtd restart:
@@ -219,7 +173,11 @@ func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error 
 // credentials); targets of this instance that belong to no published volume
 // go. A controller runs it when it starts (backend.Reconciler); it returns
 // the targets it rebuilt or removed.
-func (e *Exporter) Reconcile(ctx context.Context) ([]string, error) {
+func (s *Store) Reconcile(ctx context.Context) ([]string, error) {
+	return s.targets.reconcile(ctx)
+}
+
+func (e *targets) reconcile(ctx context.Context) ([]string, error) {
 	imgs, err := e.store.List(ctx)
 	if err != nil {
 		return nil, err
@@ -273,11 +231,11 @@ func (e *Exporter) Reconcile(ctx context.Context) ([]string, error) {
 	return changed, errors.Join(errs...)
 }
 
-func (e *Exporter) recordPath(id string) string {
+func (e *targets) recordPath(id string) string {
 	return filepath.Join(e.store.Dir(), recordsDir, id+".json")
 }
 
-func (e *Exporter) readRecord(id string) (exportRecord, error) {
+func (e *targets) readRecord(id string) (exportRecord, error) {
 	var rec exportRecord
 	data, err := os.ReadFile(e.recordPath(id))
 	if os.IsNotExist(err) {
@@ -292,7 +250,7 @@ func (e *Exporter) readRecord(id string) (exportRecord, error) {
 	return rec, nil
 }
 
-func (e *Exporter) writeRecord(id string, rec exportRecord) error {
+func (e *targets) writeRecord(id string, rec exportRecord) error {
 	if err := os.MkdirAll(filepath.Dir(e.recordPath(id)), 0o750); err != nil {
 		return err
 	}
@@ -303,7 +261,7 @@ func (e *Exporter) writeRecord(id string, rec exportRecord) error {
 	return atomicfile.Write(e.recordPath(id), append(data, '\n'), 0o600)
 }
 
-func (e *Exporter) removeRecord(id string) error {
+func (e *targets) removeRecord(id string) error {
 	return atomicfile.Remove(e.recordPath(id))
 }
 
@@ -312,10 +270,13 @@ func (e *Exporter) removeRecord(id string) error {
 // the new size.
 type Store struct {
 	*filestore.Store
-	exp *Exporter
+	targets *targets
 }
 
-var _ backend.ImageStore = (*Store)(nil)
+var (
+	_ backend.ImageStore = (*Store)(nil)
+	_ backend.Reconciler = (*Store)(nil)
+)
 
 // Delete implements backend.ImageStore.
 func (s *Store) Delete(ctx context.Context, id string) error {
@@ -324,10 +285,10 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	// An unreachable tgtd holds no target to remove (it forgets them all
 	// when it restarts); the controller's start-up reconcile removes strays.
-	if err := s.exp.tool.Remove(ctx, s.exp.targetIQN(id)); err != nil && errdefs.KindOf(err) != errdefs.ErrUnavailable {
+	if err := s.targets.tool.Remove(ctx, s.targets.targetIQN(id)); err != nil && errdefs.KindOf(err) != errdefs.ErrUnavailable {
 		return err
 	}
-	return s.exp.removeRecord(id)
+	return s.targets.removeRecord(id)
 }
 
 // Expand implements backend.ImageStore. The LUN is resized on every call
@@ -337,11 +298,11 @@ func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend
 	if err != nil || len(img.Attachments) == 0 {
 		return img, err
 	}
-	x, err := s.exp.export(img, nil)
+	x, err := s.targets.export(img, nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.exp.tool.Resize(ctx, x); err != nil {
+	if err := s.targets.tool.Resize(ctx, x); err != nil {
 		return nil, err
 	}
 	return img, nil
@@ -352,5 +313,5 @@ func (s *Store) Probe(ctx context.Context) error {
 	if err := s.Store.Probe(ctx); err != nil {
 		return err
 	}
-	return s.exp.tool.Probe(ctx)
+	return s.targets.tool.Probe(ctx)
 }

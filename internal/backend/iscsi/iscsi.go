@@ -47,7 +47,7 @@
 // tgtd keeps its configuration in memory only: after a restart every target
 // is gone. The pool metadata is the truth: every Publish (also a repeated
 // one) re-applies the volume's whole target (target, LUN, ACL, CHAP), and
-// Exporter.Reconcile, run when a controller starts, rebuilds the target of
+// Store.Reconcile, run when a controller starts, rebuilds the target of
 // every published volume and removes targets of this instance that belong to
 // no published volume. Passwords are never written to the pool, so a volume
 // that was published with CHAP (recorded, without the secret, in the pool's
@@ -347,12 +347,18 @@ func newInstance(name string, cfg Config, tool targetTool, conn connector) (*bac
 	if err != nil {
 		return nil, err
 	}
-	exp := &Exporter{store: fs, tool: tool, cfg: cfg, instance: name, key: key}
+	t := &targets{store: fs, tool: tool, cfg: cfg, instance: name}
 	return &backend.Instance{
-		Type:      Type,
-		Name:      name,
-		Store:     &Store{Store: fs, exp: exp},
-		Exporter:  exp,
+		Type:  Type,
+		Name:  name,
+		Store: &Store{Store: fs, targets: t},
+		// A LUN of a file image may be written from one node only (no
+		// cluster filesystem coordinates writers), and shared across
+		// nodes read-only.
+		Exporter: &backend.GrantExporter{
+			Backend: Type, Instance: key, OneWriterReason: "a LUN of a file image can be written from one node only",
+			Ledger: fs, Hooks: t,
+		},
 		Attacher:  &Attacher{store: fs, cfg: cfg, instance: name, conn: conn},
 		Snapshots: fs,
 	}, nil

@@ -249,7 +249,7 @@ func TestReconcileAfterTgtdRestart(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 
-	if _, err := e.inst.Exporter.(*iscsi.Exporter).Reconcile(ctx); err != nil {
+	if _, err := e.inst.Store.(backend.Reconciler).Reconcile(ctx); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
 	got := e.tgtd.Targets(t)

@@ -16,7 +16,6 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -88,10 +87,15 @@ func NewWithLoopDevices(name string, cfg Config, loops blockdev.LoopDevices) (*b
 		return nil, err
 	}
 	return &backend.Instance{
-		Type:      Type,
-		Name:      name,
-		Store:     store,
-		Exporter:  &Exporter{store: store, name: key},
+		Type:  Type,
+		Name:  name,
+		Store: store,
+		// A loop image is one file that one kernel caches: written from one
+		// node only, shared across nodes read-only.
+		Exporter: &backend.GrantExporter{
+			Backend: Type, Instance: key, OneWriterReason: "a loop image can be written from one node only",
+			Ledger: store, Hooks: exportHooks{store: store},
+		},
 		Attacher:  &Attacher{store: store, loops: loops},
 		Snapshots: store,
 		NodeLocal: cfg.NodeLocal,
@@ -120,81 +124,15 @@ func directIO(img *backend.Image) bool {
 	return img.MutableParameters[MutableParamDirectIO] != "false"
 }
 
-// Exporter records attachments in the image metadata.
-type Exporter struct {
+// exportHooks give a loop grant its publish_context: the image's path,
+// which the node checks against its own view of the pool.
+type exportHooks struct {
+	backend.NoExportHooks
 	store *filestore.Store
-	name  string // the instance key, for messages
 }
 
-var _ backend.Exporter = (*Exporter)(nil)
-
-// SupportsAccess implements backend.Exporter. A loop image is one file that
-// one kernel caches; it can be written from one node only, and shared across
-// nodes only read-only.
-func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
-	return backend.OneWriterNode("loop", "a loop image can be written from one node only", t, m)
-}
-
-// Publish implements backend.Exporter. A node registered with a
-// MaxVolumesPerNode is refused a volume beyond that many of this pool's; the
-// count and the new attachment happen under one pool lock, so two publishes
-// racing for the last slot cannot both win.
-func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
-	node, err := e.store.NodeFor(ctx, imageID, att)
-	if err != nil {
-		return nil, err
-	}
-	admit := func(img *backend.Image, others []*backend.Image) error {
-		already, err := backend.Admit(img, att)
-		if err != nil {
-			return err
-		}
-		if already {
-			return filestore.ErrUnchanged
-		}
-		if limit := node.MaxVolumesPerNode; limit > 0 {
-			if n := backend.PublishedTo(others, att.NodeID); n >= limit {
-				return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", att.NodeID, n, e.name, limit)
-			}
-		}
-		img.Attachments = append(img.Attachments, att)
-		return nil
-	}
-	var img *backend.Image
-	if node.MaxVolumesPerNode > 0 {
-		img, err = e.store.UpdateInPool(ctx, imageID, admit)
-	} else {
-		// No limit to count against: spare reading every record.
-		img, err = e.store.Update(ctx, imageID, func(img *backend.Image) error { return admit(img, nil) })
-	}
-	if err != nil {
-		return nil, err
-	}
-	// The node's grant as recorded: a repeated publish keeps the first.
-	readOnly := att.ReadOnly
-	if granted, err := backend.GrantOf(img, att.NodeID); err == nil {
-		readOnly = granted.ReadOnly
-	}
-	return map[string]string{
-		ContextImagePath:        e.store.ImagePath(imageID),
-		backend.ContextReadOnly: strconv.FormatBool(readOnly),
-	}, nil
-}
-
-// Unpublish implements backend.Exporter.
-func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {
-	_, err := e.store.Update(ctx, imageID, func(img *backend.Image) error {
-		rest, found := backend.Detached(img.Attachments, nodeID)
-		if !found {
-			return filestore.ErrUnchanged
-		}
-		img.Attachments = rest
-		return nil
-	})
-	if errdefs.KindOf(err) == errdefs.ErrNotFound {
-		return nil // a deleted volume has no attachments left to revoke
-	}
-	return err
+func (h exportHooks) PublishContext(img *backend.Image) map[string]string {
+	return map[string]string{ContextImagePath: h.store.ImagePath(img.ID)}
 }
 
 // Attacher binds images to loop devices on this node.

@@ -3,11 +3,11 @@ package rbd
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,80 +29,99 @@ const (
 	ContextMapOptions = "mapOptions"
 )
 
-// Exporter records attachments in the image metadata (spindle.attachments).
-type Exporter struct {
-	s *Store
-}
+// ledger is the store as backend.GrantExporter records grants in it: the
+// attachments are the image's spindle.attachments metadata, changed under
+// this process's lock of the image.
+type ledger struct{ s *Store }
 
-var _ backend.Exporter = (*Exporter)(nil)
+var _ backend.Ledger = ledger{}
 
-// SupportsAccess implements backend.Exporter. An RBD image holds one
-// filesystem that one kernel caches: writable from one node, shared
-// read-only. (Multi-node writers need a cluster filesystem; block-mode
-// multi-writer is left out until a user needs it.)
-func (e *Exporter) SupportsAccess(t backend.AccessType, m backend.AccessMode) error {
-	return backend.OneWriterNode("rbd", "an image is written from one node at a time", t, m)
-}
-
-// Publish implements backend.Exporter.
-func (e *Exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
-	s := e.s
-	image, err := s.imageOf(imageID, volumePrefix, "volume")
+func (l ledger) Node(ctx context.Context, nodeID string) (*backend.NodeInfo, error) {
+	info, err := l.s.lookupNode(ctx, nodeID)
 	if err != nil {
 		return nil, err
+	}
+	return &info, nil
+}
+
+func (l ledger) Get(ctx context.Context, imageID string) (*backend.Image, error) {
+	return l.s.Get(ctx, imageID)
+}
+
+// UpdateGrants implements backend.Ledger. withPool counts under limitMu,
+// so two publishes racing for a node's last slot count one after the other.
+func (l ledger) UpdateGrants(ctx context.Context, imageID string, withPool bool, fn func(img *backend.Image, others []*backend.Image) error) (*backend.Image, error) {
+	s := l.s
+	image, err := s.imageOf(imageID, volumePrefix, "volume")
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "no volume %s", imageID)
 	}
 	defer s.locks.lock(image)()
 	img, _, err := s.getImage(ctx, imageID)
 	if err != nil {
 		return nil, err
 	}
-	// Admission first: a volume another node holds is refused naming the
-	// holder even to a node that never registered.
-	already, err := backend.Admit(img, att)
-	if err != nil {
-		return nil, err
-	}
-	node, err := s.lookupNode(ctx, att.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	if !already {
-		if node.MaxVolumesPerNode > 0 {
-			// Two publishes racing for a node's last slot count one after the other.
-			s.limitMu.Lock()
-			defer s.limitMu.Unlock()
-		}
-		if err := s.checkNodeLimit(ctx, node, imageID); err != nil {
-			return nil, err
-		}
-		if s.cfg.Fencing && att.AccessMode.SingleNode() && !att.ReadOnly && len(img.Attachments) == 0 {
-			if err := s.fence(ctx, image, att.NodeID); err != nil {
-				return nil, err
-			}
-		}
-		img.Attachments = append(img.Attachments, att)
-		if err := s.setMeta(ctx, image, map[string]string{metaAttachments: mustJSON(img.Attachments)}); err != nil {
+	var others []*backend.Image
+	if withPool {
+		s.limitMu.Lock()
+		defer s.limitMu.Unlock()
+		if others, err = s.listUnlocked(ctx, imageID); err != nil {
 			return nil, err
 		}
 	}
-	// The node's grant as recorded: a repeated publish keeps the first.
-	readOnly := att.ReadOnly
-	if granted, err := backend.GrantOf(img, att.NodeID); err == nil {
-		readOnly = granted.ReadOnly
+	before := img.Clone()
+	if err := fn(img, others); errors.Is(err, backend.ErrUnchanged) {
+		return before, nil
+	} else if err != nil {
+		return nil, err
 	}
+	v := ""
+	if len(img.Attachments) > 0 {
+		v = mustJSON(img.Attachments)
+	}
+	if err := s.setMeta(ctx, image, map[string]string{metaAttachments: v}); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// exportHooks fence a lost node before its volume is granted to another,
+// and give the node what it needs to map the image (never a key: the node
+// gets its credentials from the NodeStage secrets).
+type exportHooks struct {
+	backend.NoExportHooks
+	s *Store
+}
+
+// Granting: with fencing, a read-write single-node grant of a volume that
+// no node holds but that still has watchers (its node was lost and the
+// volume force-detached) first blocklists those clients.
+func (h exportHooks) Granting(ctx context.Context, img *backend.Image, att backend.Attachment) error {
+	if !h.s.cfg.Fencing || !att.AccessMode.SingleNode() || att.ReadOnly || len(img.Attachments) > 0 {
+		return nil
+	}
+	image, err := h.s.imageOf(img.ID, volumePrefix, "volume")
+	if err != nil {
+		return err
+	}
+	return h.s.fence(ctx, image, att.NodeID)
+}
+
+func (h exportHooks) PublishContext(img *backend.Image) map[string]string {
+	s := h.s
+	image, _ := s.imageOf(img.ID, volumePrefix, "volume")
 	opts := s.cfg.MapOptions
 	if v, ok := img.MutableParameters[MutableParamMapOptions]; ok {
 		opts = v
 	}
 	return map[string]string{
-		ContextClusterID:        s.cfg.ClusterID,
-		ContextMonitors:         strings.Join(s.cfg.Monitors, ","),
-		ContextPool:             s.cfg.Pool,
-		ContextImage:            image,
-		ContextMounter:          s.cfg.Mounter,
-		ContextMapOptions:       opts,
-		backend.ContextReadOnly: strconv.FormatBool(readOnly),
-	}, nil
+		ContextClusterID:  s.cfg.ClusterID,
+		ContextMonitors:   strings.Join(s.cfg.Monitors, ","),
+		ContextPool:       s.cfg.Pool,
+		ContextImage:      image,
+		ContextMounter:    s.cfg.Mounter,
+		ContextMapOptions: opts,
+	}
 }
 
 // fence blocklists the clients that still have image open while no node
@@ -150,32 +169,6 @@ func (s *Store) fence(ctx context.Context, image, newNode string) error {
 // fenceWait bounds how long fence waits for the OSDs to drop the watches
 // of the clients it blocklisted.
 const fenceWait = 30 * time.Second
-
-// Unpublish implements backend.Exporter.
-func (e *Exporter) Unpublish(ctx context.Context, imageID, nodeID string) error {
-	s := e.s
-	image, err := s.imageOf(imageID, volumePrefix, "volume")
-	if err != nil {
-		return nil
-	}
-	defer s.locks.lock(image)()
-	img, _, err := s.getImage(ctx, imageID)
-	if errdefs.KindOf(err) == errdefs.ErrNotFound {
-		return nil // a deleted volume has no attachments left to revoke
-	}
-	if err != nil {
-		return err
-	}
-	rest, found := backend.Detached(img.Attachments, nodeID)
-	if !found {
-		return nil
-	}
-	v := ""
-	if len(rest) > 0 {
-		v = mustJSON(rest)
-	}
-	return s.setMeta(ctx, image, map[string]string{metaAttachments: v})
-}
 
 // nodeRegistryObject is the RADOS object whose omap holds the registered
 // nodes (Config.NodeRegistry), one key per node ID, a JSON NodeInfo each.
@@ -232,23 +225,6 @@ func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo
 		return backend.NodeInfo{}, fmt.Errorf("node %q in the registry of %s: %w", nodeID, s.key, err)
 	}
 	return info, nil
-}
-
-// checkNodeLimit refuses a publish beyond a node's limit, counting the
-// instance's volumes published to it.
-func (s *Store) checkNodeLimit(ctx context.Context, node backend.NodeInfo, imageID string) error {
-	limit, nodeID := node.MaxVolumesPerNode, node.NodeID
-	if limit <= 0 {
-		return nil
-	}
-	imgs, err := s.listUnlocked(ctx, imageID)
-	if err != nil {
-		return err
-	}
-	if n := backend.PublishedTo(imgs, nodeID); n >= limit {
-		return errdefs.Exhausted("node %q already has %d volumes of %s published, which is its limit (MaxVolumesPerNode=%d); unpublish one first", nodeID, n, s.key, limit)
-	}
-	return nil
 }
 
 // listUnlocked lists the volumes other than skipID.

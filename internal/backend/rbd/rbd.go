@@ -39,10 +39,17 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 func newInstance(name string, c *cluster, m mapper) *backend.Instance {
 	s := &Store{c: c, cfg: c.cfg, key: Type + "/" + name}
 	return &backend.Instance{
-		Type:      Type,
-		Name:      name,
-		Store:     s,
-		Exporter:  &Exporter{s: s},
+		Type:  Type,
+		Name:  name,
+		Store: s,
+		// An RBD image holds one filesystem that one kernel caches:
+		// writable from one node, shared read-only. (Multi-node writers
+		// need a cluster filesystem; block-mode multi-writer is left out
+		// until a user needs it.)
+		Exporter: &backend.GrantExporter{
+			Backend: Type, Instance: s.key, OneWriterReason: "an image is written from one node at a time",
+			Ledger: ledger{s}, Hooks: exportHooks{s: s},
+		},
 		Attacher:  &Attacher{s: s, m: m},
 		Snapshots: s,
 	}
