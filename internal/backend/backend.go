@@ -304,6 +304,14 @@ type DeviceLister interface {
 	AttachedDevices(ctx context.Context) ([]AttachedDevice, error)
 }
 
+// ImageChecker is implemented by attachers (and stores) that can tell
+// whether an image's data is still there, for the volume-health RPCs: the
+// file-image backends check that the image file exists. ErrNotFound means
+// the data is gone.
+type ImageChecker interface {
+	CheckImage(ctx context.Context, imageID string) error
+}
+
 // AttachedDevice is one device an attacher holds on this node.
 type AttachedDevice struct {
 	ImageID string

@@ -78,48 +78,10 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 
-	spec := backend.VolumeSpec{
-		Name:              req.GetName(),
-		RequiredBytes:     req.GetCapacityRange().GetRequiredBytes(),
-		LimitBytes:        req.GetCapacityRange().GetLimitBytes(),
-		AccessType:        caps[0].accessType,
-		Parameters:        params.shaping,
-		MutableParameters: req.GetMutableParameters(),
-	}
-	var minBytes int64
-	if spec.AccessType == backend.AccessMount {
-		spec.FsType = caps[0].fsType
-		if spec.FsType == "" && source != nil {
-			spec.FsType = source.fsType // a copy keeps the filesystem it holds
-		}
-		if spec.FsType == "" {
-			spec.FsType = node.DefaultFsType
-		}
-		fs, err := node.LookupFilesystem(spec.FsType)
-		if err != nil {
-			return nil, err
-		}
-		minBytes = fs.MinBytes
-	}
-	capacity := req.GetCapacityRange()
-	if source != nil {
-		spec.Source = &source.ContentSource
-		// A copy is at least as big as what it copies; without a size it
-		// is exactly as big.
-		if required := capacity.GetRequiredBytes(); required == 0 {
-			capacity = &csi.CapacityRange{RequiredBytes: source.sizeBytes, LimitBytes: capacity.GetLimitBytes()}
-		}
-		if limit := capacity.GetLimitBytes(); limit > 0 && limit < source.sizeBytes {
-			return nil, errdefs.OutOfRange("capacity_range.limit_bytes %d is smaller than the %d-byte source %s", limit, source.sizeBytes, source.id)
-		}
-	}
-	if spec.CapacityBytes, err = resolveCapacity(capacity, minBytes); err != nil {
+	spec, err := volumeSpec(req, caps[0], params.shaping, source)
+	if err != nil {
 		return nil, err
 	}
-	if source != nil && spec.CapacityBytes < source.sizeBytes {
-		return nil, errdefs.OutOfRange("a volume of %d bytes cannot hold its %d-byte source %s", spec.CapacityBytes, source.sizeBytes, source.id)
-	}
-
 	release, err := s.d.locks.acquire("create/"+req.GetName(), "volume name "+req.GetName())
 	if err != nil {
 		return nil, err
@@ -135,6 +97,55 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 	return &csi.CreateVolumeResponse{Volume: vol}, nil
+}
+
+// volumeSpec is what the store is asked for: the first capability's
+// access type and filesystem (a copy keeps its source's), and a size that
+// fits the request, the filesystem's minimum and the source.
+func volumeSpec(req *csi.CreateVolumeRequest, c capability, shaping map[string]string, source *contentSource) (backend.VolumeSpec, error) {
+	spec := backend.VolumeSpec{
+		Name:              req.GetName(),
+		RequiredBytes:     req.GetCapacityRange().GetRequiredBytes(),
+		LimitBytes:        req.GetCapacityRange().GetLimitBytes(),
+		AccessType:        c.accessType,
+		Parameters:        shaping,
+		MutableParameters: req.GetMutableParameters(),
+	}
+	var minBytes int64
+	if spec.AccessType == backend.AccessMount {
+		spec.FsType = c.fsType
+		if spec.FsType == "" && source != nil {
+			spec.FsType = source.fsType // a copy keeps the filesystem it holds
+		}
+		if spec.FsType == "" {
+			spec.FsType = node.DefaultFsType
+		}
+		fs, err := node.LookupFilesystem(spec.FsType)
+		if err != nil {
+			return spec, err
+		}
+		minBytes = fs.MinBytes
+	}
+	capacity := req.GetCapacityRange()
+	if source != nil {
+		spec.Source = &source.ContentSource
+		// A copy is at least as big as what it copies; without a size it
+		// is exactly as big.
+		if required := capacity.GetRequiredBytes(); required == 0 {
+			capacity = &csi.CapacityRange{RequiredBytes: source.sizeBytes, LimitBytes: capacity.GetLimitBytes()}
+		}
+		if limit := capacity.GetLimitBytes(); limit > 0 && limit < source.sizeBytes {
+			return spec, errdefs.OutOfRange("capacity_range.limit_bytes %d is smaller than the %d-byte source %s", limit, source.sizeBytes, source.id)
+		}
+	}
+	var err error
+	if spec.CapacityBytes, err = resolveCapacity(capacity, minBytes); err != nil {
+		return spec, err
+	}
+	if source != nil && spec.CapacityBytes < source.sizeBytes {
+		return spec, errdefs.OutOfRange("a volume of %d bytes cannot hold its %d-byte source %s", spec.CapacityBytes, source.sizeBytes, source.id)
+	}
+	return spec, nil
 }
 
 // contentSource is a validated volume_content_source and what the new

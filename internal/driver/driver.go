@@ -193,7 +193,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	defer os.Remove(socket)
 
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.interceptor))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(d.interceptors()...))
 	csi.RegisterIdentityServer(srv, &identityService{d: d})
 	if d.opts.Mode.Controller() {
 		csi.RegisterControllerServer(srv, &controllerService{d: d})

@@ -113,7 +113,7 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 // block publish), or the device under the filesystem mounted there (its
 // staging path or a pod's bind of it); for a filesystem it also returns the
 // mount. A path that is neither is NOT_FOUND.
-func (s *nodeService) volumeAt(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*volumeDevice, *node.Mount, error) {
+func (s *nodeService) volumeAt(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*node.VolumeDevice, *node.Mount, error) {
 	major, minor, isDev, err := node.BlockDeviceAt(path)
 	if os.IsNotExist(err) {
 		return nil, nil, errdefs.NotFound("volume_path %s does not exist", path)

@@ -29,16 +29,10 @@ func volumeHealth(volumeID string, problems []healthProblem) *csi.VolumeHealth {
 	return h
 }
 
-// imageChecker is implemented by backends that can tell whether an image's
-// data is still there (the loop backend: its image file exists).
-type imageChecker interface {
-	CheckImage(ctx context.Context, imageID string) error
-}
-
 // imageProblems reports an image whose data is gone (DATA_LOSS) or cannot
 // be checked (DEGRADED). checker may be nil.
 func imageProblems(ctx context.Context, checker any, imageID string) []healthProblem {
-	c, ok := checker.(imageChecker)
+	c, ok := checker.(backend.ImageChecker)
 	if !ok {
 		return nil
 	}

@@ -119,6 +119,20 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 	return e
 }
 
+// interceptor runs the chain of interceptors as one, as the gRPC server
+// does (grpc.ChainUnaryInterceptor).
+func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	chain := d.interceptors()
+	var call func(i int, ctx context.Context, req any) (any, error)
+	call = func(i int, ctx context.Context, req any) (any, error) {
+		if i == len(chain) {
+			return handler(ctx, req)
+		}
+		return chain[i](ctx, req, info, func(ctx context.Context, req any) (any, error) { return call(i+1, ctx, req) })
+	}
+	return call(0, ctx, req)
+}
+
 // call runs h through the driver's interceptor, as the gRPC server would.
 func call[Req, Resp any](e *testEnv, method string, h func(context.Context, Req) (Resp, error), req Req) (Resp, error) {
 	return callCtx(context.Background(), e, method, h, req)

@@ -26,27 +26,47 @@ var quietMethods = map[string]bool{
 	"NodeGetVolumeStats": true,
 }
 
-// interceptor logs one line per RPC (method, volume ID, duration, code and
-// the request with secrets stripped), turns handler errors into gRPC
-// statuses, and turns a panic into INTERNAL instead of a dead plugin.
-func (d *Driver) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+// interceptors wrap every RPC, outermost first: observe logs one line per
+// RPC (method, volume ID, duration, code and the request with secrets
+// stripped) and records its metrics; recoverPanic turns a panic into
+// INTERNAL instead of a dead plugin; errorsToStatus maps handler errors to
+// gRPC codes (errors.go); withSecrets hands the request's secrets to the
+// backends in the context.
+func (d *Driver) interceptors() []grpc.UnaryServerInterceptor {
+	return []grpc.UnaryServerInterceptor{d.observe, d.recoverPanic, errorsToStatus, withSecrets}
+}
+
+func (d *Driver) observe(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
+	resp, err := handler(ctx, req)
+	elapsed := time.Since(start)
+	d.logRPC(info.FullMethod, req, resp, elapsed, err)
+	d.observeRPC(info.FullMethod, elapsed, err)
+	return resp, err
+}
+
+func (d *Driver) recoverPanic(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			d.log.Error("panic in RPC handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			resp, err = nil, status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, r)
 		}
-		elapsed := time.Since(start)
-		d.logRPC(info.FullMethod, req, resp, elapsed, err)
-		d.observeRPC(info.FullMethod, elapsed, err)
 	}()
-	// Secrets reach the backend in the context (backend.SecretsFrom), the
-	// same way for every RPC that carries them.
+	return handler(ctx, req)
+}
+
+func errorsToStatus(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	return resp, toStatus(err)
+}
+
+// withSecrets: secrets reach the backend in the context
+// (backend.SecretsFrom), the same way for every RPC that carries them.
+func withSecrets(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if r, ok := req.(interface{ GetSecrets() map[string]string }); ok {
 		ctx = backend.WithSecrets(ctx, r.GetSecrets())
 	}
-	resp, err = handler(ctx, req)
-	return resp, toStatus(err)
+	return handler(ctx, req)
 }
 
 // observeRPC records the RPC's latency by method and code, and a failed

@@ -90,27 +90,19 @@ func (s *nodeService) confineVolumePath(volumeID, p string) (string, error) {
 	return s.confinePath("volume_path", p)
 }
 
-// volumeDevices is the set of devices attached for one volume on this node,
-// with their device numbers, to recognise its mounts.
-type volumeDevices []volumeDevice
-
-type volumeDevice struct {
-	backend.Device
-	major, minor uint32
-}
-
-func (s *nodeService) devicesOf(ctx context.Context, inst *backend.Instance, id volumeid.ID) (volumeDevices, error) {
+// devicesOf lists the devices attached for the volume on this node.
+func (s *nodeService) devicesOf(ctx context.Context, inst *backend.Instance, id volumeid.ID) (node.VolumeDevices, error) {
 	devs, err := inst.Attacher.Devices(ctx, id.Image)
 	if err != nil {
 		return nil, err
 	}
-	out := make(volumeDevices, 0, len(devs))
+	out := make(node.VolumeDevices, 0, len(devs))
 	for _, d := range devs {
-		major, minor, err := node.DeviceNumber(d.Path)
+		vd, err := node.NewVolumeDevice(d.Path, d.ReadOnly)
 		if err != nil {
-			return nil, fmt.Errorf("device %s of volume %s: %w", d.Path, id, err)
+			return nil, fmt.Errorf("volume %s: %w", id, err)
 		}
-		out = append(out, volumeDevice{Device: d, major: major, minor: minor})
+		out = append(out, *vd)
 	}
 	return out, nil
 }
@@ -118,7 +110,7 @@ func (s *nodeService) devicesOf(ctx context.Context, inst *backend.Instance, id 
 // identify returns the device at path if the backend proves it is the
 // volume's, nil when it is some other device (or none). It looks at that one
 // device only, so RPCs that know which device to expect never scan.
-func (s *nodeService) identify(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*volumeDevice, error) {
+func (s *nodeService) identify(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*node.VolumeDevice, error) {
 	dev, err := inst.Attacher.Identify(ctx, id.Image, path)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil, nil
@@ -126,157 +118,56 @@ func (s *nodeService) identify(ctx context.Context, inst *backend.Instance, id v
 	if err != nil {
 		return nil, err
 	}
-	major, minor, err := node.DeviceNumber(dev.Path)
-	if os.IsNotExist(err) {
+	vd, err := node.NewVolumeDevice(dev.Path, dev.ReadOnly)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("device %s of volume %s: %w", dev.Path, id, err)
+		return nil, fmt.Errorf("volume %s: %w", id, err)
 	}
-	return &volumeDevice{Device: *dev, major: major, minor: minor}, nil
+	return vd, nil
 }
 
 // mountedDevice returns the volume's device that the filesystem mounted as
 // m lives on, or nil when m is anything else. The mount source names the
 // device the kernel mounted, and a mounted device cannot be rebound, so
 // proving that device proves the mount.
-func (s *nodeService) mountedDevice(ctx context.Context, inst *backend.Instance, id volumeid.ID, m *node.Mount) (*volumeDevice, error) {
+func (s *nodeService) mountedDevice(ctx context.Context, inst *backend.Instance, id volumeid.ID, m *node.Mount) (*node.VolumeDevice, error) {
 	if !strings.HasPrefix(m.Source, "/dev/") {
 		return nil, nil
 	}
 	d, err := s.identify(ctx, inst, id, m.Source)
-	if err != nil || d == nil || !m.IsMountOf(d.Path, d.major, d.minor) {
+	if err != nil || d == nil || !d.IsFilesystemOf(m) {
 		return nil, err
 	}
 	return d, nil
 }
 
-// filesystemMount returns the device whose filesystem m is, or nil.
-func (vd volumeDevices) filesystemMount(m *node.Mount) *volumeDevice {
-	for i := range vd {
-		if m.IsMountOf(vd[i].Path, vd[i].major, vd[i].minor) {
-			return &vd[i]
-		}
-	}
-	return nil
-}
-
-// deviceBind returns the device whose device node is bind-mounted at m (a
-// block publish), or nil. The mount's root names the device node ("/loop3"
-// under devtmpfs, or a container's /dev); the mount point's device number
-// confirms it.
-func (vd volumeDevices) deviceBind(m *node.Mount) *volumeDevice {
-	for i := range vd {
-		if m.Root != "/"+filepath.Base(vd[i].Path) {
-			continue
-		}
-		major, minor, isDev, err := node.BlockDeviceAt(m.MountPoint)
-		if err == nil && isDev && major == vd[i].major && minor == vd[i].minor {
-			return &vd[i]
-		}
-	}
-	return nil
-}
-
-func (vd volumeDevices) byPath(path string) *volumeDevice {
-	for i := range vd {
-		if vd[i].Path == path {
-			return &vd[i]
-		}
-	}
-	return nil
-}
-
-// mountedElsewhere returns a mount point, other than staging, of a
-// filesystem on one of the volume's devices: where it is staged already.
-func (s *nodeService) mountedElsewhere(devs volumeDevices, staging string) (string, error) {
-	if len(devs) == 0 {
-		return "", nil
-	}
-	mounts, err := s.d.data.Mounts()
-	if err != nil {
-		return "", err
-	}
-	for i := range mounts {
-		if m := &mounts[i]; m.MountPoint != staging && devs.filesystemMount(m) != nil {
-			return m.MountPoint, nil
-		}
-	}
-	return "", nil
-}
-
-func (vd volumeDevices) byNumber(major, minor uint32) *volumeDevice {
-	for i := range vd {
-		if vd[i].major == major && vd[i].minor == minor {
-			return &vd[i]
-		}
-	}
-	return nil
+// stageRequest is a validated NodeStageVolumeRequest.
+type stageRequest struct {
+	id             volumeid.ID
+	staging        string // confined
+	c              capability
+	readOnly       bool // the controller's grant
+	mkfsOptions    []string
+	publishContext map[string]string
 }
 
 func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	staging, err := s.confinePath("staging_target_path", req.GetStagingTargetPath())
+	r, err := s.parseStage(req)
 	if err != nil {
 		return nil, err
 	}
-	if err := node.CheckStagingPath("staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	c, err := parseCapability("volume_capability", req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
-	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	readOnly, err := parseReadOnly(req.GetPublishContext())
-	if err != nil {
-		return nil, err
-	}
-	mkfsOptions, err := mkfsOptionsFromContext(req.GetVolumeContext())
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
-	}
-	inst, release, err := s.d.lockVolume("node", id)
+	inst, release, err := s.d.lockVolume("node", r.id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 
-	if staged, err := s.alreadyStaged(ctx, inst, id, staging, c); err != nil || staged {
+	if staged, err := s.alreadyStaged(ctx, inst, r.id, r.staging, r.c); err != nil || staged {
 		return &csi.NodeStageVolumeResponse{}, err
 	}
-	// Before anything is attached: a staging directory that holds files
-	// is refused untouched.
-	if c.accessType == backend.AccessMount {
-		err = node.PrepareMountPoint("staging_target_path", staging)
-	} else {
-		err = node.CheckEmptyStagingPath("staging_target_path", staging)
-	}
-	if err != nil {
-		return nil, err
-	}
-
-	attached, err := s.devicesOf(ctx, inst, id)
-	if err != nil {
-		return nil, err
-	}
-	if elsewhere, err := s.mountedElsewhere(attached, staging); err != nil || elsewhere != "" {
-		if err == nil {
-			err = errdefs.Precondition("volume %s is already staged on this node at %s; a volume is staged at one path per node", id, elsewhere)
-		}
-		return nil, err
-	}
-	dev, err := inst.Attacher.Attach(ctx, backend.AttachRequest{
-		ImageID:        id.Image,
-		NodeID:         s.d.opts.NodeID,
-		PublishContext: req.GetPublishContext(),
-		ReadOnly:       readOnly || c.mode.ReadOnly(),
-	})
+	dev, reused, err := s.attachForStage(ctx, inst, r)
 	if err != nil {
 		return nil, err
 	}
@@ -284,30 +175,103 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	// NodeUnstageVolume after a stage that failed, so nothing else would.
 	// A device that was attached before this stage is left attached: it
 	// is not this stage's to take away.
-	staged, reused := false, attached.byPath(dev.Path) != nil
-	defer func() {
-		if !staged {
-			s.rollbackStage(inst, id, staging, dev.Path, reused)
-		}
-	}()
-	if dev.AccessType != "" && dev.AccessType != c.accessType {
-		return nil, errdefs.InvalidArgument("volume %s was created for %s access, not %s; staging it as %s could overwrite its data", id, dev.AccessType, c.accessType, c.accessType)
+	if r.c.accessType == backend.AccessBlock {
+		err = s.stageBlock(r, dev)
+	} else {
+		err = s.stageFilesystem(ctx, inst, r, dev)
 	}
-
-	rec := node.StageRecord{VolumeID: id.String(), Device: dev.Path, AccessType: string(c.accessType), ReadOnly: dev.ReadOnly}
-	if c.accessType == backend.AccessBlock {
-		// Block staging only attaches; publish binds the device itself.
-		if err := os.MkdirAll(filepath.Dir(staging), 0o750); err != nil {
-			return nil, err
-		}
-		if err := node.WriteStageRecord(staging, rec); err != nil {
-			return nil, fmt.Errorf("write stage record: %w", err)
-		}
-		staged = true
-		return &csi.NodeStageVolumeResponse{}, nil
+	if err != nil {
+		s.rollbackStage(inst, r.id, r.staging, dev.Path, reused)
+		return nil, err
 	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
 
-	fsName := c.fsType
+// parseStage checks a NodeStageVolumeRequest: the required fields first,
+// then the volume ID.
+func (s *nodeService) parseStage(req *csi.NodeStageVolumeRequest) (stageRequest, error) {
+	r := stageRequest{publishContext: req.GetPublishContext()}
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
+		return r, err
+	}
+	var err error
+	if r.staging, err = s.confinePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return r, err
+	}
+	if err := node.CheckStagingPath("staging_target_path", r.staging); err != nil {
+		return r, err
+	}
+	if r.c, err = parseCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+		return r, err
+	}
+	if r.id, err = lookupVolumeID("volume_id", req.GetVolumeId()); err != nil {
+		return r, err
+	}
+	if r.readOnly, err = parseReadOnly(req.GetPublishContext()); err != nil {
+		return r, err
+	}
+	if r.mkfsOptions, err = mkfsOptionsFromContext(req.GetVolumeContext()); err != nil {
+		return r, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
+	}
+	return r, nil
+}
+
+// attachForStage checks that the staging path is free, then attaches the
+// volume's device; reused says it was attached before this stage.
+func (s *nodeService) attachForStage(ctx context.Context, inst *backend.Instance, r stageRequest) (dev *backend.Device, reused bool, err error) {
+	// Before anything is attached: a staging directory that holds files
+	// is refused untouched.
+	if r.c.accessType == backend.AccessMount {
+		err = node.PrepareMountPoint("staging_target_path", r.staging)
+	} else {
+		err = node.CheckEmptyStagingPath("staging_target_path", r.staging)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	attached, err := s.devicesOf(ctx, inst, r.id)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(attached) > 0 {
+		mounts, err := s.d.data.Mounts()
+		if err != nil {
+			return nil, false, err
+		}
+		if elsewhere := attached.MountedElsewhere(mounts, r.staging); elsewhere != "" {
+			return nil, false, errdefs.Precondition("volume %s is already staged on this node at %s; a volume is staged at one path per node", r.id, elsewhere)
+		}
+	}
+	dev, err = inst.Attacher.Attach(ctx, backend.AttachRequest{
+		ImageID: r.id.Image, NodeID: s.d.opts.NodeID, PublishContext: r.publishContext, ReadOnly: r.readOnly || r.c.mode.ReadOnly(),
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	reused = attached.ByPath(dev.Path) != nil
+	if dev.AccessType != "" && dev.AccessType != r.c.accessType {
+		s.rollbackStage(inst, r.id, r.staging, dev.Path, reused)
+		return nil, false, errdefs.InvalidArgument("volume %s was created for %s access, not %s; staging it as %s could overwrite its data", r.id, dev.AccessType, r.c.accessType, r.c.accessType)
+	}
+	return dev, reused, nil
+}
+
+// stageBlock only records the device: publish binds the device itself.
+func (s *nodeService) stageBlock(r stageRequest, dev *backend.Device) error {
+	if err := os.MkdirAll(filepath.Dir(r.staging), 0o750); err != nil {
+		return err
+	}
+	rec := node.StageRecord{VolumeID: r.id.String(), Device: dev.Path, AccessType: string(r.c.accessType), ReadOnly: dev.ReadOnly}
+	if err := node.WriteStageRecord(r.staging, rec); err != nil {
+		return fmt.Errorf("write stage record: %w", err)
+	}
+	return nil
+}
+
+// stageFilesystem formats the device once (never a device that holds
+// anything) and mounts it at the staging path.
+func (s *nodeService) stageFilesystem(ctx context.Context, inst *backend.Instance, r stageRequest, dev *backend.Device) error {
+	fsName := r.c.fsType
 	if fsName == "" {
 		fsName = dev.FsType
 	}
@@ -316,29 +280,28 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	}
 	fs, err := node.LookupFilesystem(fsName)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	rec.FsType = fs.Name
-	if err := node.WriteStageRecord(staging, rec); err != nil {
-		return nil, fmt.Errorf("write stage record: %w", err)
+	rec := node.StageRecord{VolumeID: r.id.String(), Device: dev.Path, AccessType: string(r.c.accessType), FsType: fs.Name, ReadOnly: dev.ReadOnly}
+	if err := node.WriteStageRecord(r.staging, rec); err != nil {
+		return fmt.Errorf("write stage record: %w", err)
 	}
 	formatted, err := s.d.data.StageFilesystem(ctx, node.FormatRequest{
 		Device:           dev.Path,
 		Filesystem:       fs,
-		MkfsOptions:      mkfsOptions,
+		MkfsOptions:      r.mkfsOptions,
 		AlreadyFormatted: dev.Formatted,
 		ReadOnly:         dev.ReadOnly,
-	}, staging, fs.MountOptions(c.mountFlags, dev.ReadOnly), func(ctx context.Context) error {
-		return inst.Attacher.RecordFormatted(ctx, id.Image, fs.Name)
+	}, r.staging, fs.MountOptions(r.c.mountFlags, dev.ReadOnly), func(ctx context.Context) error {
+		return inst.Attacher.RecordFormatted(ctx, r.id.Image, fs.Name)
 	})
 	if formatted {
-		s.d.log.Info("formatted volume", zap.String("volumeID", id.String()), zap.String("device", dev.Path), zap.String("fsType", fs.Name))
+		s.d.log.Info("formatted volume", zap.String("volumeID", r.id.String()), zap.String("device", dev.Path), zap.String("fsType", fs.Name))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("volume %s: %w", id, err)
+		return fmt.Errorf("volume %s: %w", r.id, err)
 	}
-	staged = true
-	return &csi.NodeStageVolumeResponse{}, nil
+	return nil
 }
 
 // alreadyStaged reports whether the volume is staged at staging as asked
@@ -432,7 +395,7 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, err
 	}
 	if m := s.publishedAt(ctx, inst, id, mounts, staging); m != "" {
-		if topMount(mounts, staging) == nil {
+		if node.TopMount(mounts, staging) == nil {
 			return nil, errdefs.Precondition("volume %s is not staged at %s, but its device is mounted at %s; unpublish and unstage it where it is", id, staging, m)
 		}
 		return nil, errdefs.Precondition("volume %s is still published at %s; unpublish it before unstaging", id, m)
@@ -451,45 +414,20 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 
 // publishedAt returns a mount point where the volume staged at staging is
 // still published, or "". A filesystem volume's publishes are the other
-// mounts of the staging mount's filesystem (same device number), found
-// without asking the backend; a block volume's are binds of its devices.
+// mounts of the staging mount's filesystem, found without asking the
+// backend; only with nothing mounted at staging are its devices listed.
 func (s *nodeService) publishedAt(ctx context.Context, inst *backend.Instance, id volumeid.ID, mounts []node.Mount, staging string) string {
-	resolvedStaging := node.Resolve(staging)
-	if st := topMount(mounts, staging); st != nil {
-		for i := range mounts {
-			m := &mounts[i]
-			// The staging mount itself (or a stack of them): Unmount takes them all.
-			if m.MountPoint != resolvedStaging && m.Major == st.Major && m.Minor == st.Minor {
-				return m.MountPoint
-			}
-		}
-		return ""
-	}
-	devs, err := s.devicesOf(ctx, inst, id)
-	if err != nil {
-		// Detach refuses a device that is still in use, so an unreadable
-		// device list cannot make Unstage cut a publish off.
-		s.d.log.Warn("cannot list the volume's devices to look for publishes", zap.String("volumeID", id.String()), zap.Error(err))
-		return ""
-	}
-	for i := range mounts {
-		if m := &mounts[i]; devs.filesystemMount(m) != nil || devs.deviceBind(m) != nil {
-			return m.MountPoint
+	var devs node.VolumeDevices
+	if node.TopMount(mounts, staging) == nil {
+		var err error
+		if devs, err = s.devicesOf(ctx, inst, id); err != nil {
+			// Detach refuses a device that is still in use, so an unreadable
+			// device list cannot make Unstage cut a publish off.
+			s.d.log.Warn("cannot list the volume's devices to look for publishes", zap.String("volumeID", id.String()), zap.Error(err))
+			return ""
 		}
 	}
-	return ""
-}
-
-// topMount finds the top-most mount at path in an already-read table.
-func topMount(mounts []node.Mount, path string) *node.Mount {
-	var top *node.Mount
-	resolved := node.Resolve(path)
-	for i := range mounts {
-		if mounts[i].MountPoint == resolved {
-			top = &mounts[i]
-		}
-	}
-	return top
+	return devs.PublishedAt(mounts, staging)
 }
 
 func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
@@ -554,7 +492,7 @@ func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, 
 	if err != nil {
 		return err
 	}
-	st := topMount(mounts, staging)
+	st := node.TopMount(mounts, staging)
 	if st == nil {
 		return errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
 	}
@@ -565,7 +503,7 @@ func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, 
 	}
 	sameVolume := func(m *node.Mount) bool { return m.Major == st.Major && m.Minor == st.Minor && m.Root == st.Root }
 
-	if tm := topMount(mounts, target); tm != nil {
+	if tm := node.TopMount(mounts, target); tm != nil {
 		if !sameVolume(tm) {
 			return errdefs.Precondition("target_path %s already holds another mount (%s %s)", target, tm.FsType, tm.Source)
 		}
@@ -599,27 +537,32 @@ func (s *nodeService) publishMount(ctx context.Context, inst *backend.Instance, 
 	return nil
 }
 
+// stagedBlockDevice is the device the stage record at staging names, if it
+// is still one of the volume's devices.
+func (s *nodeService) stagedBlockDevice(id volumeid.ID, staging string, devs node.VolumeDevices) (*node.VolumeDevice, error) {
+	rec, err := node.ReadStageRecord(staging)
+	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && rec.VolumeID != id.String()) {
+		return nil, errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
+	}
+	if err != nil {
+		return nil, err
+	}
+	d := devs.ByPath(rec.Device)
+	if d == nil {
+		return nil, errdefs.Precondition("device %s staged for volume %s is no longer attached; stage the volume again", rec.Device, id)
+	}
+	return d, nil
+}
+
 func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, id volumeid.ID, p publishRequest) (err error) {
 	devs, err := s.devicesOf(ctx, inst, id)
 	if err != nil {
 		return err
 	}
 	staging, target, readOnly, c := p.staging, p.target, p.readOnly, p.c
-	rec, err := node.ReadStageRecord(staging)
-	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && rec.VolumeID != id.String()) {
-		return errdefs.Precondition("volume %s is not staged at %s; NodeStageVolume first", id, staging)
-	}
+	stagedDev, err := s.stagedBlockDevice(id, staging, devs)
 	if err != nil {
 		return err
-	}
-	var stagedDev *volumeDevice
-	for i := range devs {
-		if devs[i].Path == rec.Device {
-			stagedDev = &devs[i]
-		}
-	}
-	if stagedDev == nil {
-		return errdefs.Precondition("device %s staged for volume %s is no longer attached; stage the volume again", rec.Device, id)
 	}
 	mounts, err := s.d.data.Mounts()
 	if err != nil {
@@ -627,12 +570,12 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 	}
 	// A repeated publish is answered before anything is attached, so a
 	// refused one leaves no read-only view behind.
-	if tm := topMount(mounts, target); tm != nil {
+	if tm := node.TopMount(mounts, target); tm != nil {
 		major, minor, isDev, err := node.BlockDeviceAt(target)
 		if err != nil {
 			return err
 		}
-		published := devs.byNumber(major, minor)
+		published := devs.ByNumber(major, minor)
 		if !isDev || published == nil {
 			return errdefs.Precondition("target_path %s already holds another mount (%s %s)", target, tm.FsType, tm.Source)
 		}
@@ -643,7 +586,7 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 	}
 	if c.mode == backend.SingleNodeSingleWriter {
 		for i := range mounts {
-			if devs.deviceBind(&mounts[i]) != nil {
+			if devs.DeviceBind(&mounts[i]) != nil {
 				return errdefs.Precondition("volume %s is already published at %s; access mode %s allows one", id, mounts[i].MountPoint, c.mode)
 			}
 		}
@@ -653,7 +596,7 @@ func (s *nodeService) publishBlock(ctx context.Context, inst *backend.Instance, 
 	if err := node.PrepareDeviceTarget("target_path", target); err != nil {
 		return err
 	}
-	source := stagedDev.Device
+	source := backend.Device{Path: stagedDev.Path, ReadOnly: stagedDev.ReadOnly}
 	if readOnly && !source.ReadOnly {
 		// A read-only bind of a device node does not stop writes to the
 		// device, so a read-only publish gets a read-only device of its own.
@@ -736,7 +679,7 @@ func (s *nodeService) releaseReadOnlyViews(ctx context.Context, inst *backend.In
 	}
 	used := map[string]bool{}
 	for i := range mounts {
-		if d := devs.deviceBind(&mounts[i]); d != nil {
+		if d := devs.DeviceBind(&mounts[i]); d != nil {
 			used[d.Path] = true
 		}
 	}
@@ -771,7 +714,7 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 		return nil, err
 	}
 	if m == nil {
-		size, err := blockdev.SizeOfNumber(dev.major, dev.minor)
+		size, err := blockdev.SizeOfNumber(dev.Major, dev.Minor)
 		if err != nil {
 			return nil, err
 		}

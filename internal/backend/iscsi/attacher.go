@@ -37,10 +37,11 @@ type connector interface {
 	// Connect logs in (reusing a session) and returns a device of the LUN
 	// with the asked read-only setting, proven to be the LUN of s.Serial.
 	Connect(ctx context.Context, s session) (*connDevice, error)
-	// Disconnect releases dev (every device of the target when empty),
-	// logging out when nothing else uses the session. A device still in use
-	// is ErrPrecondition.
+	// Disconnect releases dev, a device of the target's LUN.
 	Disconnect(ctx context.Context, iqn, serial, dev string) error
+	// Release ends this node's session with the target once none of its
+	// devices is left (logout; the daemon stops).
+	Release(ctx context.Context, iqn string) error
 	// Devices lists the target's devices on this node.
 	Devices(ctx context.Context, iqn, serial string) ([]connDevice, error)
 	// Identify proves dev is a device of the target's LUN, or ErrNotFound.
@@ -51,66 +52,30 @@ type connector interface {
 	Probe(ctx context.Context) error
 }
 
-// Attacher is the node side: it checks the publish against the pool and
-// hands the login to the connector of the configured mode.
-type Attacher struct {
-	store    *filestore.Store
+// naming derives, on the controller and on the node alike, what a volume's
+// target is called.
+type naming struct {
 	cfg      Config
 	instance string
-	conn     connector
 }
 
-var _ backend.Attacher = (*Attacher)(nil)
-
-func (a *Attacher) iqn(imageID string) string {
-	return TargetIQN(a.cfg.TargetPrefix, a.instance, imageID)
+func (n naming) iqn(imageID string) string {
+	return TargetIQN(n.cfg.TargetPrefix, n.instance, imageID)
 }
 
-func (a *Attacher) serial(imageID string) string { return Serial(a.instance, imageID) }
-
-// Attach implements backend.Attacher.
-func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*backend.Device, error) {
-	img, err := a.store.Get(ctx, req.ImageID)
-	if err != nil {
-		return nil, err
-	}
-	att, err := backend.GrantOf(img, req.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	s, err := a.session(ctx, img, req)
-	if err != nil {
-		return nil, err
-	}
-	s.ReadOnly = req.ReadOnly || att.ReadOnly || att.AccessMode.ReadOnly()
-	devs, err := a.conn.Devices(ctx, s.IQN, s.Serial)
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range devs {
-		if d.ReadOnly == s.ReadOnly {
-			return a.device(img, d), nil
-		}
-	}
-	d, err := a.conn.Connect(ctx, s)
-	if err != nil {
-		return nil, err
-	}
-	return a.device(img, *d), nil
-}
+func (n naming) serial(imageID string) string { return Serial(n.instance, imageID) }
 
 // session builds the login from the publish_context, checking that it
 // names what this node derives for the image.
-func (a *Attacher) session(ctx context.Context, img *backend.Image, req backend.AttachRequest) (session, error) {
-	initiator, err := InitiatorIQN(a.cfg.InitiatorPrefix, req.NodeID)
+func (n naming) session(ctx context.Context, img *backend.Image, nodeID string, pc map[string]string) (session, error) {
+	initiator, err := InitiatorIQN(n.cfg.InitiatorPrefix, nodeID)
 	if err != nil {
 		return session{}, err
 	}
 	s := session{
-		ImageID: img.ID, IQN: a.iqn(img.ID), LUN: LUN, Serial: a.serial(img.ID),
-		Initiator: initiator, Portals: a.cfg.Portals, SizeBytes: img.CapacityBytes,
+		ImageID: img.ID, IQN: n.iqn(img.ID), LUN: LUN, Serial: n.serial(img.ID),
+		Initiator: initiator, Portals: n.cfg.Portals, SizeBytes: img.CapacityBytes,
 	}
-	pc := req.PublishContext
 	if v, ok := pc[ContextTargetIQN]; ok && v != s.IQN {
 		return session{}, errdefs.Precondition("the controller published target %s but this node derives %s for volume %s: controller and node configurations disagree", v, s.IQN, img.ID)
 	}
@@ -118,11 +83,11 @@ func (a *Attacher) session(ctx context.Context, img *backend.Image, req backend.
 		return session{}, errdefs.Precondition("the controller published LUN serial %s but this node derives %s for volume %s: controller and node configurations disagree", v, s.Serial, img.ID)
 	}
 	if v, ok := pc[ContextLUN]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
+		l, err := strconv.Atoi(v)
+		if err != nil || l < 0 {
 			return session{}, errdefs.InvalidArgument("publish_context %s=%q is not a LUN number", ContextLUN, v)
 		}
-		s.LUN = n
+		s.LUN = l
 	}
 	if v := pc[ContextPortals]; v != "" {
 		s.Portals = strings.Split(v, ",")
@@ -137,73 +102,113 @@ func (a *Attacher) session(ctx context.Context, img *backend.Image, req backend.
 	return s, err
 }
 
-func (a *Attacher) device(img *backend.Image, d connDevice) *backend.Device {
-	return backend.DeviceOf(img, d.Path, d.ReadOnly)
+// source is the pool as the node reads it.
+type source struct {
+	*filestore.Store
+	naming
 }
 
-// Detach implements backend.Attacher.
-func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error {
-	return a.conn.Disconnect(ctx, a.iqn(imageID), a.serial(imageID), devicePath)
+// CheckAttach: the publish_context must name the target this node derives,
+// and make a login (portals, CHAP).
+func (s source) CheckAttach(ctx context.Context, img *backend.Image, req backend.AttachRequest) error {
+	_, err := s.session(ctx, img, req.NodeID, req.PublishContext)
+	return err
 }
 
-// Devices implements backend.Attacher.
-func (a *Attacher) Devices(ctx context.Context, imageID string) ([]backend.Device, error) {
-	devs, err := a.conn.Devices(ctx, a.iqn(imageID), a.serial(imageID))
+// RegisterNode: the node's ID must make an initiator name.
+func (s source) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
+	if _, err := InitiatorIQN(s.cfg.InitiatorPrefix, info.NodeID); err != nil {
+		return err
+	}
+	return s.Store.RegisterNode(ctx, info)
+}
+
+// transport logs in to a volume's target with the connector of the
+// configured mode and hands out the LUN's devices.
+type transport struct {
+	naming
+	store *filestore.Store
+	conn  connector
+}
+
+var _ backend.SessionTransport = (*transport)(nil)
+
+func mappedOf(d connDevice) backend.MappedDevice {
+	return backend.MappedDevice{Path: d.Path, ReadOnly: d.ReadOnly}
+}
+
+// Map implements backend.Transport.
+func (t *transport) Map(ctx context.Context, req backend.MapRequest) (string, error) {
+	s, err := t.session(ctx, req.Image, req.NodeID, req.PublishContext)
+	if err != nil {
+		return "", err
+	}
+	s.ReadOnly = req.ReadOnly
+	d, err := t.conn.Connect(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	return d.Path, nil
+}
+
+// Unmap implements backend.Transport.
+func (t *transport) Unmap(ctx context.Context, imageID, devicePath string) error {
+	return t.conn.Disconnect(ctx, t.iqn(imageID), t.serial(imageID), devicePath)
+}
+
+// Release implements backend.SessionTransport.
+func (t *transport) Release(ctx context.Context, imageID string) error {
+	return t.conn.Release(ctx, t.iqn(imageID))
+}
+
+// Mapped implements backend.Transport.
+func (t *transport) Mapped(ctx context.Context, imageID string) ([]backend.MappedDevice, error) {
+	devs, err := t.conn.Devices(ctx, t.iqn(imageID), t.serial(imageID))
 	if err != nil {
 		return nil, err
 	}
-	out := make([]backend.Device, 0, len(devs))
+	out := make([]backend.MappedDevice, 0, len(devs))
 	for _, d := range devs {
-		out = append(out, backend.Device{Path: d.Path, ReadOnly: d.ReadOnly})
+		out = append(out, mappedOf(d))
 	}
 	return out, nil
 }
 
-// Identify implements backend.Attacher.
-func (a *Attacher) Identify(ctx context.Context, imageID, devicePath string) (*backend.Device, error) {
-	d, err := a.conn.Identify(ctx, a.iqn(imageID), a.serial(imageID), devicePath)
+// Identify implements backend.Transport.
+func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*backend.MappedDevice, error) {
+	d, err := t.conn.Identify(ctx, t.iqn(imageID), t.serial(imageID), devicePath)
 	if err != nil {
 		return nil, err
 	}
-	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly}, nil
+	m := mappedOf(*d)
+	return &m, nil
 }
 
-// Refresh implements backend.Attacher.
-func (a *Attacher) Refresh(ctx context.Context, imageID, devicePath string) (int64, error) {
-	img, err := a.store.Get(ctx, imageID)
+// Refresh implements backend.Transport: the userspace initiator resizes
+// its view of the LUN to the image's size in the pool.
+func (t *transport) Refresh(ctx context.Context, imageID, devicePath string) (int64, error) {
+	img, err := t.store.Get(ctx, imageID)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := a.Identify(ctx, imageID, devicePath); err != nil {
-		return 0, err
-	}
-	s := session{ImageID: imageID, IQN: a.iqn(imageID), LUN: LUN, Serial: a.serial(imageID), Portals: a.cfg.Portals, SizeBytes: img.CapacityBytes}
-	return a.conn.Refresh(ctx, s, devicePath)
+	s := session{ImageID: img.ID, IQN: t.iqn(img.ID), LUN: LUN, Serial: t.serial(img.ID), Portals: t.cfg.Portals, SizeBytes: img.CapacityBytes}
+	return t.conn.Refresh(ctx, s, devicePath)
 }
 
-// CheckImage reports, for the volume-health RPCs, whether the image file is
-// still in the pool.
-func (a *Attacher) CheckImage(ctx context.Context, imageID string) error {
+// Available implements backend.Transport.
+func (t *transport) Available(ctx context.Context) error { return t.conn.Probe(ctx) }
+
+// attacher is backend.TransportAttacher on iSCSI logins, with the health
+// check of its image files.
+type attacher struct {
+	*backend.TransportAttacher
+	store *filestore.Store
+}
+
+var _ backend.ImageChecker = attacher{}
+
+// CheckImage implements backend.ImageChecker: the image file is still in
+// the pool.
+func (a attacher) CheckImage(ctx context.Context, imageID string) error {
 	return a.store.CheckImage(ctx, imageID)
-}
-
-// RecordFormatted implements backend.Attacher.
-func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
-	return a.store.RecordFormatted(ctx, imageID, fsType)
-}
-
-// RegisterNode implements backend.Attacher.
-func (a *Attacher) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
-	if _, err := InitiatorIQN(a.cfg.InitiatorPrefix, info.NodeID); err != nil {
-		return err
-	}
-	return a.store.RegisterNode(ctx, info)
-}
-
-// Probe implements backend.Attacher.
-func (a *Attacher) Probe(ctx context.Context) error {
-	if err := a.store.Probe(ctx); err != nil {
-		return err
-	}
-	return a.conn.Probe(ctx)
 }

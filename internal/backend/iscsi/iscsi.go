@@ -359,7 +359,13 @@ func newInstance(name string, cfg Config, tool targetTool, conn connector) (*bac
 			Backend: Type, Instance: key, OneWriterReason: "a LUN of a file image can be written from one node only",
 			Ledger: fs, Hooks: t,
 		},
-		Attacher:  &Attacher{store: fs, cfg: cfg, instance: name, conn: conn},
+		Attacher: attacher{
+			TransportAttacher: &backend.TransportAttacher{
+				Source:    source{Store: fs, naming: naming{cfg: cfg, instance: name}},
+				Transport: &transport{naming: naming{cfg: cfg, instance: name}, store: fs, conn: conn},
+			},
+			store: fs,
+		},
 		Snapshots: fs,
 	}, nil
 }

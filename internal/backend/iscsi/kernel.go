@@ -350,44 +350,55 @@ func (k *kernel) Identify(_ context.Context, iqn, serial, dev string) (*connDevi
 	return k.identify(iqn, serial, dev)
 }
 
-// Disconnect removes the LUN's disk from the kernel and logs out of the
-// target once no LUN of it is in use on this node.
-func (k *kernel) Disconnect(ctx context.Context, iqn, serial, dev string) error {
+// Disconnect removes the LUN's disk dev from the kernel (flushing it) and
+// stops counting its LUN against the target's session.
+func (k *kernel) Disconnect(_ context.Context, iqn, serial, dev string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	devs, err := k.devices(iqn)
 	if err != nil {
 		return err
 	}
+	lun, ok := devs[dev]
+	if !ok {
+		return nil // no longer a disk of the target
+	}
+	if _, err := k.identify(iqn, serial, dev); err != nil {
+		return nil // never touch a disk not proven to be the LUN
+	}
+	if busy, _ := blockdev.InUse(dev); busy {
+		return errdefs.Precondition("%s (LUN %d of target %s) is still in use (mounted or held open exclusively)", dev, lun, iqn)
+	}
+	del := filepath.Join(k.sysRoot, "block", filepath.Base(dev), "device", "delete")
+	if err := os.WriteFile(del, []byte("1"), 0o200); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove %s from the kernel: %w", dev, err)
+	}
+	refs, err := k.readRefs()
+	if err != nil {
+		return err
+	}
+	if t := refs[iqn]; t != nil {
+		t.LUNs = slices.DeleteFunc(t.LUNs, func(l int) bool { return l == lun })
+		return k.writeRefs(refs)
+	}
+	return nil
+}
+
+// Release logs out of the target once no LUN of it is in use on this node
+// (a session Spindle did not log in is not its to end).
+func (k *kernel) Release(ctx context.Context, iqn string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	refs, err := k.readRefs()
 	if err != nil {
 		return err
 	}
 	t := refs[iqn]
-	for _, path := range slices.Sorted(maps.Keys(devs)) {
-		if dev != "" && path != dev {
-			continue
-		}
-		if _, err := k.identify(iqn, serial, path); err != nil {
-			continue // never touch a disk not proven to be the LUN
-		}
-		if busy, _ := blockdev.InUse(path); busy {
-			return errdefs.Precondition("%s (LUN %d of target %s) is still in use (mounted or held open exclusively)", path, devs[path], iqn)
-		}
-		// Flush and remove the disk before the session goes.
-		del := filepath.Join(k.sysRoot, "block", filepath.Base(path), "device", "delete")
-		if err := os.WriteFile(del, []byte("1"), 0o200); err != nil && !os.IsNotExist(err) {
-			return fmt.Errorf("remove %s from the kernel: %w", path, err)
-		}
-		if t != nil {
-			t.LUNs = slices.DeleteFunc(t.LUNs, func(l int) bool { return l == devs[path] })
-		}
-	}
 	if t == nil {
 		return nil // not logged in by us
 	}
 	if len(t.LUNs) > 0 {
-		return k.writeRefs(refs) // another LUN of the target is still in use
+		return nil // another LUN of the target is still in use
 	}
 	s := session{IQN: iqn}
 	if _, err := k.adm(ctx, k.node(iqn, t.Portal, "--logout")...); err != nil && command.ExitCode(err) != iscsiErrNoObjsFound {

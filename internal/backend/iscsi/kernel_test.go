@@ -229,7 +229,8 @@ func TestKernelSerialMismatch(t *testing.T) {
 }
 
 // Session reference counting: with two LUNs of one target in use, the
-// first detach removes its disk only; the logout comes with the last.
+// first detach removes its disk only, and a release then keeps the
+// session; the logout comes with the release after the last.
 func TestKernelLogoutOnlyWithTheLastLUN(t *testing.T) {
 	n := newFakeNode(t, true)
 	n.disk(t, "sde", kIQN, 1, kSerial)
@@ -252,7 +253,13 @@ func TestKernelLogoutOnlyWithTheLastLUN(t *testing.T) {
 	}
 	// Had the first detach logged out, the script (logout, delete) would
 	// have run early and the second detach's logout would fail the test.
+	if err := k.Release(t.Context(), kIQN); err != nil {
+		t.Fatalf("Release with LUN 2 still in use: %v", err)
+	}
 	if err := k.Disconnect(t.Context(), kIQN, kSerial, n.dev+"/sdf"); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Release(t.Context(), kIQN); err != nil {
 		t.Fatal(err)
 	}
 	if got := k.mustRefs(t); len(got) != 0 {

@@ -323,26 +323,15 @@ func (u *userspace) Identify(ctx context.Context, iqn, _, dev string) (*connDevi
 	return &connDevice{Path: dev, ReadOnly: d.ReadOnly}, nil
 }
 
+// Disconnect unbinds the loop device dev of the target's export.
 func (u *userspace) Disconnect(ctx context.Context, iqn, _, dev string) error {
-	lun := u.lunFile(iqn)
-	devs, err := u.loopDevices(ctx, lun)
-	if err != nil {
-		return err
-	}
-	left := 0
-	for _, d := range devs {
-		if dev != "" && d.Path != dev {
-			left++
-			continue
-		}
-		if err := u.detachLoop(ctx, iqn, lun, d.Path); err != nil {
-			return err
-		}
-	}
-	if left == 0 {
-		return u.stop(ctx, iqn)
-	}
-	return nil
+	return u.detachLoop(ctx, iqn, u.lunFile(iqn), dev)
+}
+
+// Release stops the target's daemon, which removes its FUSE export, once
+// no loop device uses the export.
+func (u *userspace) Release(ctx context.Context, iqn string) error {
+	return u.stop(ctx, iqn)
 }
 
 // detachLoop unbinds dev unless something holds it (a mount, an exclusive

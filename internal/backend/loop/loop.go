@@ -96,7 +96,7 @@ func NewWithLoopDevices(name string, cfg Config, loops blockdev.LoopDevices) (*b
 			Backend: Type, Instance: key, OneWriterReason: "a loop image can be written from one node only",
 			Ledger: store, Hooks: exportHooks{store: store},
 		},
-		Attacher:  &Attacher{store: store, loops: loops},
+		Attacher:  newAttacher(store, loops),
 		Snapshots: store,
 		NodeLocal: cfg.NodeLocal,
 	}, nil
@@ -135,111 +135,84 @@ func (h exportHooks) PublishContext(img *backend.Image) map[string]string {
 	return map[string]string{ContextImagePath: h.store.ImagePath(img.ID)}
 }
 
-// Attacher binds images to loop devices on this node.
-type Attacher struct {
+// attacher is backend.TransportAttacher on loop devices, with what only
+// the loop backend can tell: every device bound to its pool, and whether an
+// image file is still there.
+type attacher struct {
+	*backend.TransportAttacher
+	t *transport
+}
+
+var (
+	_ backend.DeviceLister = attacher{}
+	_ backend.ImageChecker = attacher{}
+)
+
+func newAttacher(store *filestore.Store, loops blockdev.LoopDevices) attacher {
+	t := &transport{store: store, loops: loops}
+	return attacher{
+		TransportAttacher: &backend.TransportAttacher{Source: source{store}, Transport: t, InUse: loops.InUse},
+		t:                 t,
+	}
+}
+
+// source is the pool as the node reads it.
+type source struct{ *filestore.Store }
+
+// CheckAttach: the controller's image path must be this node's.
+func (s source) CheckAttach(_ context.Context, img *backend.Image, req backend.AttachRequest) error {
+	path := s.ImagePath(img.ID)
+	if p, ok := req.PublishContext[ContextImagePath]; ok && p != path {
+		return errdefs.Precondition("the controller published image path %s but this node's pool holds it at %s: controller and node configurations disagree", p, path)
+	}
+	return nil
+}
+
+// transport binds image files to loop devices ("losetup --direct-io=on",
+// unless the volume's MutableParamDirectIO says "false") and identifies a
+// device by its backing file, read from sysfs.
+type transport struct {
 	store *filestore.Store
 	loops blockdev.LoopDevices
 }
 
-var _ backend.Attacher = (*Attacher)(nil)
+var _ backend.Transport = (*transport)(nil)
 
-// Attach implements backend.Attacher.
-func (a *Attacher) Attach(ctx context.Context, req backend.AttachRequest) (*backend.Device, error) {
-	img, err := a.store.Get(ctx, req.ImageID)
-	if err != nil {
-		return nil, err
-	}
-	att, err := backend.GrantOf(img, req.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	path := a.store.ImagePath(req.ImageID)
-	if p, ok := req.PublishContext[ContextImagePath]; ok && p != path {
-		return nil, errdefs.Precondition("the controller published image path %s but this node's pool holds it at %s: controller and node configurations disagree", p, path)
-	}
-	readOnly := req.ReadOnly || att.ReadOnly || att.AccessMode.ReadOnly()
+// Map implements backend.Transport.
+func (t *transport) Map(ctx context.Context, req backend.MapRequest) (string, error) {
+	return t.loops.Attach(ctx, t.store.ImagePath(req.Image.ID), req.ReadOnly, directIO(req.Image))
+}
 
-	devs, err := a.devicesOf(ctx, path, false)
+// Mapped implements backend.Transport: the devices bound to the image file,
+// and those still bound to an unlinked file of its name (stale). A device
+// with autoclear armed goes away at its last close and loopN may then be
+// bound to another image: it is never handed out again.
+func (t *transport) Mapped(ctx context.Context, imageID string) ([]backend.MappedDevice, error) {
+	devs, err := t.loops.BoundTo(ctx, t.store.ImagePath(imageID))
 	if err != nil {
 		return nil, err
 	}
+	out := make([]backend.MappedDevice, 0, len(devs))
 	for _, d := range devs {
-		// A device with autoclear armed goes away at its last close, and
-		// loopN may then be bound to another image: never hand it out again.
-		if d.ReadOnly == readOnly && !d.AutoClear {
-			return a.device(img, d), nil
-		}
-	}
-	devPath, err := a.loops.Attach(ctx, path, readOnly, directIO(img))
-	if err != nil {
-		return nil, err
-	}
-	// Prove the device is bound to our image before anyone formats or mounts it.
-	d, err := a.lookup(ctx, devPath)
-	if err != nil {
-		return nil, err
-	}
-	if d.BackingFile != path || d.Deleted {
-		return nil, errdefs.Precondition("loop device %s is bound to %q, not to image %s; refusing to use it", devPath, d.BackingFile, path)
-	}
-	if d.ReadOnly != readOnly {
-		_ = a.loops.Detach(ctx, devPath)
-		return nil, errdefs.Precondition("loop device %s came up with read-only=%t, asked for %t", devPath, d.ReadOnly, readOnly)
-	}
-	return a.device(img, *d), nil
-}
-
-func (a *Attacher) device(img *backend.Image, d blockdev.LoopDevice) *backend.Device {
-	return backend.DeviceOf(img, d.Path, d.ReadOnly)
-}
-
-func (a *Attacher) lookup(ctx context.Context, devPath string) (*blockdev.LoopDevice, error) {
-	return a.loops.Get(ctx, devPath)
-}
-
-// devicesOf lists the loop devices bound to path; with deleted, also those
-// still bound to an unlinked file of that name.
-func (a *Attacher) devicesOf(ctx context.Context, path string, deleted bool) ([]blockdev.LoopDevice, error) {
-	all, err := a.loops.BoundTo(ctx, path)
-	if err != nil {
-		return nil, err
-	}
-	out := all[:0]
-	for _, d := range all {
-		if deleted || !d.Deleted {
-			out = append(out, d)
-		}
+		out = append(out, backend.MappedDevice{Path: d.Path, ReadOnly: d.ReadOnly, Stale: d.Deleted, NotReusable: d.AutoClear})
 	}
 	return out, nil
 }
 
-// Detach implements backend.Attacher. Only devices whose backing file is the
-// image (or an unlinked file of the image's name) are ever detached, and a
-// device is reported released only once the kernel has unbound it.
-func (a *Attacher) Detach(ctx context.Context, imageID, devicePath string) error {
-	devs, err := a.devicesOf(ctx, a.store.ImagePath(imageID), true)
+// Unmap implements backend.Transport. A device is reported released only
+// once the kernel has unbound it.
+func (t *transport) Unmap(ctx context.Context, imageID, devicePath string) error {
+	d, err := t.loops.Get(ctx, devicePath)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	for _, d := range devs {
-		if devicePath != "" && d.Path != devicePath {
-			continue
-		}
-		busy, err := a.loops.InUse(d.Path)
-		if err != nil {
-			return err
-		}
-		if busy {
-			return errdefs.Precondition("loop device %s of volume %s is still in use (mounted or held open exclusively)", d.Path, imageID)
-		}
-		if err := a.loops.Detach(ctx, d.Path); err != nil {
-			return err
-		}
-		if err := a.awaitRelease(ctx, imageID, d); err != nil {
-			return err
-		}
+	if err := t.loops.Detach(ctx, devicePath); err != nil {
+		return err
 	}
-	return nil
+	return t.awaitRelease(ctx, imageID, *d)
 }
 
 // Bounds of awaitRelease: long enough for a udev probe that opened the
@@ -255,10 +228,10 @@ const (
 // would let the volume move to another node while this one can still write
 // it. A hold that outlasts releaseWait is a precondition failure, so the
 // caller retries; the device is released at the holder's last close.
-func (a *Attacher) awaitRelease(ctx context.Context, imageID string, d blockdev.LoopDevice) error {
+func (t *transport) awaitRelease(ctx context.Context, imageID string, d blockdev.LoopDevice) error {
 	deadline := time.Now().Add(releaseWait)
 	for {
-		cur, err := a.lookup(ctx, d.Path)
+		cur, err := t.loops.Get(ctx, d.Path)
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
 			return nil
 		}
@@ -278,31 +251,46 @@ func (a *Attacher) awaitRelease(ctx context.Context, imageID string, d blockdev.
 	}
 }
 
-// Devices implements backend.Attacher.
-func (a *Attacher) Devices(ctx context.Context, imageID string) ([]backend.Device, error) {
-	devs, err := a.devicesOf(ctx, a.store.ImagePath(imageID), false)
-	if err != nil {
+// Identify implements backend.Transport: the device's backing file must be
+// the image (an unlinked file of its name makes it stale).
+func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*backend.MappedDevice, error) {
+	path := t.store.ImagePath(imageID)
+	d, err := t.loops.Get(ctx, devicePath)
+	switch errdefs.KindOf(err) {
+	case nil:
+	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
+		return nil, errdefs.NotFound("%s is not a loop device of volume %s", devicePath, imageID)
+	default:
 		return nil, err
 	}
-	out := make([]backend.Device, 0, len(devs))
-	for _, d := range devs {
-		out = append(out, backend.Device{Path: d.Path, ReadOnly: d.ReadOnly})
+	if d.BackingFile != path {
+		return nil, errdefs.NotFound("%s is bound to %q, not to volume %s", devicePath, d.BackingFile, imageID)
 	}
-	return out, nil
+	return &backend.MappedDevice{Path: d.Path, ReadOnly: d.ReadOnly, Stale: d.Deleted, NotReusable: d.AutoClear}, nil
 }
 
-var _ backend.DeviceLister = (*Attacher)(nil)
+// Refresh implements backend.Transport: the loop driver re-reads the
+// backing file's size ("losetup --set-capacity").
+func (t *transport) Refresh(ctx context.Context, _, devicePath string) (int64, error) {
+	if err := t.loops.SetCapacity(ctx, devicePath); err != nil {
+		return 0, err
+	}
+	return t.loops.Size(devicePath)
+}
+
+// Available implements backend.Transport: this node has a loop driver.
+func (t *transport) Available(context.Context) error { return t.loops.Available() }
 
 // AttachedDevices implements backend.DeviceLister: every loop device bound
 // to an image file of this pool, sorted by device.
-func (a *Attacher) AttachedDevices(ctx context.Context) ([]backend.AttachedDevice, error) {
-	devs, err := a.loops.BoundUnder(ctx, a.store.Dir())
+func (a attacher) AttachedDevices(ctx context.Context) ([]backend.AttachedDevice, error) {
+	devs, err := a.t.loops.BoundUnder(ctx, a.t.store.Dir())
 	if err != nil {
 		return nil, err
 	}
 	var out []backend.AttachedDevice
 	for _, d := range devs {
-		id, ok := a.store.ImageIDOf(d.BackingFile)
+		id, ok := a.t.store.ImageIDOf(d.BackingFile)
 		if !ok {
 			continue // a snapshot or a temporary file, not a volume's image
 		}
@@ -311,58 +299,8 @@ func (a *Attacher) AttachedDevices(ctx context.Context) ([]backend.AttachedDevic
 	return out, nil
 }
 
-// Identify implements backend.Attacher: the device's backing file, read from
-// sysfs, must be the image (not an unlinked file of its name).
-func (a *Attacher) Identify(ctx context.Context, imageID, devicePath string) (*backend.Device, error) {
-	path := a.store.ImagePath(imageID)
-	d, err := a.loops.Get(ctx, devicePath)
-	switch errdefs.KindOf(err) {
-	case nil:
-	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
-		return nil, errdefs.NotFound("%s is not a loop device of volume %s", devicePath, imageID)
-	default:
-		return nil, err
-	}
-	if d.BackingFile != path || d.Deleted {
-		return nil, errdefs.NotFound("%s is bound to %q, not to volume %s", devicePath, d.BackingFile, imageID)
-	}
-	return &backend.Device{Path: d.Path, ReadOnly: d.ReadOnly}, nil
-}
-
-// Refresh implements backend.Attacher: after proving devicePath is the
-// image's, it has the loop driver re-read the backing file's size
-// ("losetup --set-capacity") and returns the device's new size.
-func (a *Attacher) Refresh(ctx context.Context, imageID, devicePath string) (int64, error) {
-	if _, err := a.Identify(ctx, imageID, devicePath); err != nil {
-		return 0, err
-	}
-	if err := a.loops.SetCapacity(ctx, devicePath); err != nil {
-		return 0, err
-	}
-	return a.loops.Size(devicePath)
-}
-
-// CheckImage reports, for the volume-health RPCs, whether the image file the
-// node's devices are bound to is still in the pool.
-func (a *Attacher) CheckImage(ctx context.Context, imageID string) error {
-	return a.store.CheckImage(ctx, imageID)
-}
-
-// RecordFormatted implements backend.Attacher.
-func (a *Attacher) RecordFormatted(ctx context.Context, imageID, fsType string) error {
-	return a.store.RecordFormatted(ctx, imageID, fsType)
-}
-
-// RegisterNode implements backend.Attacher.
-func (a *Attacher) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
-	return a.store.RegisterNode(ctx, info)
-}
-
-// Probe implements backend.Attacher: the pool is reachable and this node
-// has a loop driver.
-func (a *Attacher) Probe(ctx context.Context) error {
-	if err := a.store.Probe(ctx); err != nil {
-		return err
-	}
-	return a.loops.Available()
+// CheckImage implements backend.ImageChecker: the image file the node's
+// devices are bound to is still in the pool.
+func (a attacher) CheckImage(ctx context.Context, imageID string) error {
+	return a.t.store.CheckImage(ctx, imageID)
 }

@@ -2,16 +2,10 @@ package rbd
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/spindle-csi/spindle/internal/command"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -169,75 +163,3 @@ func (s *Store) fence(ctx context.Context, image, newNode string) error {
 // fenceWait bounds how long fence waits for the OSDs to drop the watches
 // of the clients it blocklisted.
 const fenceWait = 30 * time.Second
-
-// nodeRegistryObject is the RADOS object whose omap holds the registered
-// nodes (Config.NodeRegistry), one key per node ID, a JSON NodeInfo each.
-const nodeRegistryObject = "spindle.nodes"
-
-// RegisterNode records a node in this process and, with NodeRegistry, in
-// the pool. Without NodeRegistry the in-process record lets a controller
-// in the same process as the node plugin (--mode=all) enforce
-// MaxVolumesPerNode; a separate controller relies on the scheduler, which
-// reads the same limit from NodeGetInfo.
-func (s *Store) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
-	s.nodesMu.Lock()
-	if s.nodes == nil {
-		s.nodes = map[string]backend.NodeInfo{}
-	}
-	s.nodes[info.NodeID] = info
-	s.nodesMu.Unlock()
-	if !s.cfg.NodeRegistry {
-		return nil
-	}
-	_, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "setomapval", nodeRegistryObject, info.NodeID, mustJSON(info))
-	return err
-}
-
-// lookupNode returns what is known of a node: from the pool's registry
-// (ErrNotFound when it never registered), or else this process's record
-// (an unknown node is accepted, without a limit).
-func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo, error) {
-	if !s.cfg.NodeRegistry {
-		s.nodesMu.Lock()
-		defer s.nodesMu.Unlock()
-		return s.nodes[nodeID], nil
-	}
-	dir, err := os.MkdirTemp(s.c.keyRoot, "spindle-rbd-node-")
-	if err != nil {
-		return backend.NodeInfo{}, err
-	}
-	defer os.RemoveAll(dir)
-	out := filepath.Join(dir, "value")
-	if _, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "getomapval", nodeRegistryObject, nodeID, out); err != nil {
-		// A missing key: exit 1, "No such key: ..." on stdout and nothing
-		// on stderr; a missing object: "(2) No such file or directory".
-		if stderr := command.Stderr(err); command.ExitCode(err) == 1 && (stderr == "" || strings.Contains(stderr, "No such key") || strings.Contains(stderr, "No such file or directory")) {
-			return backend.NodeInfo{}, errdefs.NotFound("node %q is not registered with %s (its node plugin has not started, or cannot reach pool %s)", nodeID, s.key, s.cfg.Pool)
-		}
-		return backend.NodeInfo{}, err
-	}
-	var info backend.NodeInfo
-	b, err := os.ReadFile(out)
-	if err == nil {
-		err = json.Unmarshal(b, &info)
-	}
-	if err != nil {
-		return backend.NodeInfo{}, fmt.Errorf("node %q in the registry of %s: %w", nodeID, s.key, err)
-	}
-	return info, nil
-}
-
-// listUnlocked lists the volumes other than skipID.
-func (s *Store) listUnlocked(ctx context.Context, skipID string) ([]*backend.Image, error) {
-	all, err := s.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := all[:0]
-	for _, img := range all {
-		if img.ID != skipID {
-			out = append(out, img)
-		}
-	}
-	return out, nil
-}

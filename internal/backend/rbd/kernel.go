@@ -159,7 +159,7 @@ func (k *kernelMapper) krbdList() ([]mapped, error) {
 		if os.IsNotExist(err1) || os.IsNotExist(err2) {
 			continue // unmapped while we read
 		}
-		if err := errorsJoin(err1, err2); err != nil {
+		if err := firstError(err1, err2); err != nil {
 			return nil, err
 		}
 		if pool != k.c.cfg.Pool || (err3 == nil && snap != "-") {
@@ -174,7 +174,8 @@ func (k *kernelMapper) krbdList() ([]mapped, error) {
 	return out, nil
 }
 
-func errorsJoin(errs ...error) error {
+// firstError returns the first non-nil error of errs.
+func firstError(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
 			return err

@@ -50,7 +50,7 @@ func newInstance(name string, c *cluster, m mapper) *backend.Instance {
 			Backend: Type, Instance: s.key, OneWriterReason: "an image is written from one node at a time",
 			Ledger: ledger{s}, Hooks: exportHooks{s: s},
 		},
-		Attacher:  &Attacher{s: s, m: m},
+		Attacher:  &backend.TransportAttacher{Source: source{s}, Transport: &transport{s: s, m: m}},
 		Snapshots: s,
 	}
 }
