@@ -101,43 +101,7 @@ func Run(t *testing.T, c Config) {
 	harness.CheckNoLeaks(t, drv.PoolDir, dir)
 
 	var summary string
-	ginkgo.ReportAfterSuite("spec count", func(r ginkgo.Report) {
-		ran, passed, failed, skipped := 0, 0, 0, 0
-		var notRun []string
-		for _, s := range r.SpecReports {
-			if s.LeafNodeType != types.NodeTypeIt {
-				continue
-			}
-			switch {
-			case s.State == types.SpecStateSkipped || s.State == types.SpecStatePending:
-				skipped++
-				why := s.Failure.Message
-				if s.State == types.SpecStatePending {
-					why = "pending in csi-sanity itself"
-				}
-				notRun = append(notRun, fmt.Sprintf("  not run: %s — %s", s.FullText(), why))
-			case s.State == types.SpecStatePassed:
-				ran++
-				passed++
-			default:
-				ran++
-				failed++
-			}
-		}
-		topology := "shared pool"
-		if nodeLocal {
-			topology = "node-local pool, topology on"
-		}
-		if c.Backend != "loop" {
-			topology = c.Instance
-		}
-		summary = fmt.Sprintf("csi-sanity (%s, %s, %s): %d of %d specs ran: %d passed, %d failed; %d skipped",
-			c.Backend, accessType, topology, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
-		sort.Strings(notRun)
-		if len(notRun) > 0 {
-			summary += "\n" + strings.Join(notRun, "\n")
-		}
-	})
+	ginkgo.ReportAfterSuite("spec count", func(r ginkgo.Report) { summary = summarize(r, c) })
 	sc := sanity.GinkgoTest(&cfg)
 	gomega.RegisterFailHandler(ginkgo.Fail)
 	ginkgo.RunSpecs(t, "csi-sanity "+accessType)
@@ -145,4 +109,45 @@ func Run(t *testing.T, c Config) {
 
 	t.Log(summary)
 	report(t, "sanity-"+c.Backend+"-"+accessType, summary)
+}
+
+// summarize is a run's report line: how many specs ran, passed, failed and
+// were skipped, and each spec that did not run, with why.
+func summarize(r ginkgo.Report, c Config) string {
+	ran, passed, failed, skipped := 0, 0, 0, 0
+	var notRun []string
+	for _, s := range r.SpecReports {
+		if s.LeafNodeType != types.NodeTypeIt {
+			continue
+		}
+		switch {
+		case s.State == types.SpecStateSkipped || s.State == types.SpecStatePending:
+			skipped++
+			why := s.Failure.Message
+			if s.State == types.SpecStatePending {
+				why = "pending in csi-sanity itself"
+			}
+			notRun = append(notRun, fmt.Sprintf("  not run: %s — %s", s.FullText(), why))
+		case s.State == types.SpecStatePassed:
+			ran++
+			passed++
+		default:
+			ran++
+			failed++
+		}
+	}
+	topology := "shared pool"
+	if c.NodeLocal {
+		topology = "node-local pool, topology on"
+	}
+	if c.Backend != "loop" {
+		topology = c.Instance
+	}
+	summary := fmt.Sprintf("csi-sanity (%s, %s, %s): %d of %d specs ran: %d passed, %d failed; %d skipped",
+		c.Backend, c.AccessType, topology, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)
+	sort.Strings(notRun)
+	if len(notRun) > 0 {
+		summary += "\n" + strings.Join(notRun, "\n")
+	}
+	return summary
 }

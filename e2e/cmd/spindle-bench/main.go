@@ -80,6 +80,18 @@ func (r *recorder) observe(step, _ string, d time.Duration, err error) {
 	r.mu.Unlock()
 }
 
+// bench is one run: the driver, its work directory and what the phases
+// measured.
+type bench struct {
+	o                    options
+	ctx                  context.Context
+	drv                  *harness.Driver
+	work                 string
+	size                 int64
+	rpcs, plainSteps     *recorder
+	driverRuns, plainRun []time.Duration
+}
+
 func run(o options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: binds loop devices and mounts filesystems (run `sudo make bench`)")
@@ -93,7 +105,6 @@ func run(o options) error {
 	} else {
 		defer os.RemoveAll(work)
 	}
-
 	drv, err := harness.StartProcess(harness.ProcessOptions{Binary: o.binary, WorkDir: work, LogLevel: o.logLevel})
 	if err != nil {
 		return err
@@ -106,54 +117,79 @@ func run(o options) error {
 	time.Sleep(200 * time.Millisecond) // let start-up allocations settle before the idle reading
 	idleRSS, _ := drv.RSSBytes()
 
-	ctx := context.Background()
-	size := o.sizeMiB << 20
+	b := &bench{o: o, ctx: context.Background(), drv: drv, work: work, size: o.sizeMiB << 20, rpcs: newRecorder(), plainSteps: newRecorder()}
 	fmt.Printf("Spindle benchmark: %d MiB ext4 volumes, loop backend, pool on %s\n\n", o.sizeMiB, work)
-
-	// 1. Sequential, interleaved with plain commands so both see the same machine state.
-	rpcs := newRecorder()
-	c := lifecycle.NewClient(drv, rpcs.observe)
-	var driverRuns, plainRuns []time.Duration
-	plainSteps := newRecorder()
-	// One untimed pair first, so neither side pays for cold caches (the
-	// page cache of the programs, the first gRPC connection).
-	if _, err := oneLifecycle(ctx, lifecycle.NewClient(drv, nil), "bench-warmup", size, filepath.Join(work, "seq")); err != nil {
+	if err := b.sequential(); err != nil {
 		return err
 	}
-	if _, err := plainLifecycle(ctx, filepath.Join(work, "plain"), size, newRecorder()); err != nil {
-		return fmt.Errorf("plain commands: %w", err)
+	if err := b.parallelBatch(); err != nil {
+		return err
 	}
-	for i := 0; i < o.n; i++ {
-		d, err := oneLifecycle(ctx, c, fmt.Sprintf("bench-seq-%d", i), size, filepath.Join(work, "seq"))
-		if err != nil {
+	if o.staged > 0 {
+		if err := b.underLoad(); err != nil {
 			return err
 		}
-		driverRuns = append(driverRuns, d)
-		p, err := plainLifecycle(ctx, filepath.Join(work, "plain"), size, plainSteps)
+	}
+	fmt.Printf("\nDriver RSS idle after start: %.1f MiB\n", mib(idleRSS))
+	return nil
+}
+
+// pairs runs n lifecycles through the driver, each followed by the same
+// steps as plain commands, so both sides see the same machine state.
+func (b *bench) pairs(c *lifecycle.Client, prefix, dir string, plainSteps *recorder) (driverRuns, plainRuns []time.Duration, err error) {
+	for i := 0; i < b.o.n; i++ {
+		d, err := oneLifecycle(b.ctx, c, fmt.Sprintf("%s-%d", prefix, i), b.size, filepath.Join(b.work, dir))
 		if err != nil {
-			return fmt.Errorf("plain commands: %w", err)
+			return nil, nil, err
+		}
+		driverRuns = append(driverRuns, d)
+		p, err := plainLifecycle(b.ctx, filepath.Join(b.work, "plain"), b.size, plainSteps)
+		if err != nil {
+			return nil, nil, fmt.Errorf("plain commands: %w", err)
 		}
 		plainRuns = append(plainRuns, p)
 	}
-	fmt.Printf("Sequential lifecycles (N=%d):\n", o.n)
-	fmt.Printf("  driver over gRPC   p50 %8s  p99 %8s  first %8s\n", ms(pct(driverRuns, 50)), ms(pct(driverRuns, 99)), ms(driverRuns[0]))
-	fmt.Printf("  plain commands     p50 %8s  p99 %8s  first %8s\n", ms(pct(plainRuns, 50)), ms(pct(plainRuns, 99)), ms(plainRuns[0]))
+	return driverRuns, plainRuns, nil
+}
+
+// sequential: lifecycles one after the other, against plain commands.
+func (b *bench) sequential() error {
+	// One untimed pair first, so neither side pays for cold caches (the
+	// page cache of the programs, the first gRPC connection).
+	if _, err := oneLifecycle(b.ctx, lifecycle.NewClient(b.drv, nil), "bench-warmup", b.size, filepath.Join(b.work, "seq")); err != nil {
+		return err
+	}
+	if _, err := plainLifecycle(b.ctx, filepath.Join(b.work, "plain"), b.size, newRecorder()); err != nil {
+		return fmt.Errorf("plain commands: %w", err)
+	}
+	var err error
+	b.driverRuns, b.plainRun, err = b.pairs(lifecycle.NewClient(b.drv, b.rpcs.observe), "bench-seq", "seq", b.plainSteps)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("Sequential lifecycles (N=%d):\n", b.o.n)
+	fmt.Printf("  driver over gRPC   p50 %8s  p99 %8s  first %8s\n", ms(pct(b.driverRuns, 50)), ms(pct(b.driverRuns, 99)), ms(b.driverRuns[0]))
+	fmt.Printf("  plain commands     p50 %8s  p99 %8s  first %8s\n", ms(pct(b.plainRun, 50)), ms(pct(b.plainRun, 99)), ms(b.plainRun[0]))
 	// Each driver run is paired with the plain run right after it, so a
 	// pair sees the same machine; the median pair ratio resists the noise
 	// of a shared VM's disk better than a ratio of medians.
-	pairs := pairRatios(driverRuns, plainRuns)
+	pairs := pairRatios(b.driverRuns, b.plainRun)
 	fmt.Printf("  ratio driver/plain: first pair (N=1) %.2f; over N=%d pairs p25 %.2f, median %.2f, p75 %.2f\n\n",
-		pairs[0], o.n, fpct(pairs, 25), fpct(pairs, 50), fpct(pairs, 75))
+		pairs[0], b.o.n, fpct(pairs, 25), fpct(pairs, 50), fpct(pairs, 75))
+	return nil
+}
 
-	// 2. A parallel batch.
+// parallelBatch: lifecycles at once, then the per-RPC figures of all runs.
+func (b *bench) parallelBatch() error {
+	c := lifecycle.NewClient(b.drv, b.rpcs.observe)
 	start := time.Now()
-	errs := make([]error, o.parallel)
+	errs := make([]error, b.o.parallel)
 	var wg sync.WaitGroup
-	for i := 0; i < o.parallel; i++ {
+	for i := 0; i < b.o.parallel; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			_, errs[i] = oneLifecycle(ctx, c, fmt.Sprintf("bench-par-%d", i), size, filepath.Join(work, "par", fmt.Sprint(i)))
+			_, errs[i] = oneLifecycle(b.ctx, c, fmt.Sprintf("bench-par-%d", i), b.size, filepath.Join(b.work, "par", fmt.Sprint(i)))
 		}(i)
 	}
 	wg.Wait()
@@ -161,45 +197,35 @@ func run(o options) error {
 		return err
 	}
 	batch := time.Since(start)
-	fmt.Printf("Parallel batch: %d lifecycles in %s (%.1f lifecycles/s)\n\n", o.parallel, ms(batch), float64(o.parallel)/batch.Seconds())
-
+	fmt.Printf("Parallel batch: %d lifecycles in %s (%.1f lifecycles/s)\n\n", b.o.parallel, ms(batch), float64(b.o.parallel)/batch.Seconds())
 	fmt.Println("Per RPC (sequential and parallel runs):")
-	printSteps(rpcs, []string{lifecycle.StepCreate, lifecycle.StepControllerPublish, lifecycle.StepStage, lifecycle.StepPublish,
+	printSteps(b.rpcs, []string{lifecycle.StepCreate, lifecycle.StepControllerPublish, lifecycle.StepStage, lifecycle.StepPublish,
 		lifecycle.StepUnpublish, lifecycle.StepUnstage, lifecycle.StepControllerUnpublish, lifecycle.StepDelete})
 	fmt.Println("\nPlain commands, per step:")
-	printSteps(plainSteps, plainOrder)
+	printSteps(b.plainSteps, plainOrder)
+	return nil
+}
 
-	// 3. Under load: the same sequential lifecycles with many volumes staged.
-	if o.staged > 0 {
-		fmt.Printf("\nStaging %d background volumes (%d MiB each)...\n", o.staged, o.stagedMiB)
-		background, stageErr := stageMany(ctx, lifecycle.NewClient(drv, nil), o.staged, o.stagedMiB<<20, filepath.Join(work, "bg"))
-		defer cleanupMany(ctx, lifecycle.NewClient(drv, nil), background)
-		if stageErr != nil {
-			return stageErr
-		}
-		var loaded, plainLoaded []time.Duration
-		for i := 0; i < o.n; i++ {
-			d, err := oneLifecycle(ctx, lifecycle.NewClient(drv, nil), fmt.Sprintf("bench-load-%d", i), size, filepath.Join(work, "load"))
-			if err != nil {
-				return err
-			}
-			loaded = append(loaded, d)
-			p, err := plainLifecycle(ctx, filepath.Join(work, "plain"), size, newRecorder())
-			if err != nil {
-				return fmt.Errorf("plain commands: %w", err)
-			}
-			plainLoaded = append(plainLoaded, p)
-		}
-		fmt.Printf("Sequential lifecycles with %d volumes staged (N=%d):\n", o.staged, o.n)
-		fmt.Printf("  driver over gRPC   p50 %8s  p99 %8s\n", ms(pct(loaded, 50)), ms(pct(loaded, 99)))
-		fmt.Printf("  plain commands     p50 %8s  p99 %8s\n", ms(pct(plainLoaded, 50)), ms(pct(plainLoaded, 99)))
-		fmt.Printf("  growth of p50 against the idle node: driver %.2fx, plain commands %.2fx\n",
-			ratio(pct(loaded, 50), pct(driverRuns, 50)), ratio(pct(plainLoaded, 50), pct(plainRuns, 50)))
-		fmt.Printf("  ratio driver/plain under load: median pair %.2f\n", fpct(pairRatios(loaded, plainLoaded), 50))
-		loadedRSS, _ := drv.RSSBytes()
-		fmt.Printf("  driver RSS with %d volumes staged: %.1f MiB\n", o.staged, mib(loadedRSS))
+// underLoad: the same sequential lifecycles with many volumes staged.
+func (b *bench) underLoad() error {
+	fmt.Printf("\nStaging %d background volumes (%d MiB each)...\n", b.o.staged, b.o.stagedMiB)
+	background, stageErr := stageMany(b.ctx, lifecycle.NewClient(b.drv, nil), b.o.staged, b.o.stagedMiB<<20, filepath.Join(b.work, "bg"))
+	defer cleanupMany(b.ctx, lifecycle.NewClient(b.drv, nil), background)
+	if stageErr != nil {
+		return stageErr
 	}
-	fmt.Printf("\nDriver RSS idle after start: %.1f MiB\n", mib(idleRSS))
+	loaded, plainLoaded, err := b.pairs(lifecycle.NewClient(b.drv, nil), "bench-load", "load", newRecorder())
+	if err != nil {
+		return err
+	}
+	fmt.Printf("Sequential lifecycles with %d volumes staged (N=%d):\n", b.o.staged, b.o.n)
+	fmt.Printf("  driver over gRPC   p50 %8s  p99 %8s\n", ms(pct(loaded, 50)), ms(pct(loaded, 99)))
+	fmt.Printf("  plain commands     p50 %8s  p99 %8s\n", ms(pct(plainLoaded, 50)), ms(pct(plainLoaded, 99)))
+	fmt.Printf("  growth of p50 against the idle node: driver %.2fx, plain commands %.2fx\n",
+		ratio(pct(loaded, 50), pct(b.driverRuns, 50)), ratio(pct(plainLoaded, 50), pct(b.plainRun, 50)))
+	fmt.Printf("  ratio driver/plain under load: median pair %.2f\n", fpct(pairRatios(loaded, plainLoaded), 50))
+	loadedRSS, _ := b.drv.RSSBytes()
+	fmt.Printf("  driver RSS with %d volumes staged: %.1f MiB\n", b.o.staged, mib(loadedRSS))
 	return nil
 }
 
