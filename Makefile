@@ -48,8 +48,8 @@ test: deps lint helm csi-sanity build
 	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 ./...
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
 
-# The stock csi-sanity binary against RBD on a throw-away Ceph (about 9
-# minutes: csi-sanity's 10 GiB volumes, each snapshot a full copy).
+# The stock csi-sanity binary against RBD on a throw-away Ceph (long:
+# csi-sanity's 10 GiB volumes, each snapshot a full copy; docs/testing.md).
 sanity-stock-rbd: deps csi-sanity
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \

@@ -6,8 +6,8 @@
 # Debian's packages (unpacked, not installed, so no service starts).
 #
 # Everything is cached in $CACHE (default ~/.cache/spindle/local-cluster):
-# a component is rebuilt only when its pinned version changes. A cold build
-# takes ~13 minutes on 2 cores; a warm one a second.
+# a component is rebuilt only when its pinned version changes (the cold and
+# warm build times are in docs/testing.md).
 #
 # The pins are versions the Go module proxy here serves. k8s.io/kubernetes
 # cannot be `go install`ed (its go.mod replaces the staging modules with
