@@ -20,8 +20,9 @@ import (
 )
 
 // TestFullLifecycleISCSI takes a volume through the whole lifecycle over
-// the real iSCSI path: a tgtd target with an ACL and CHAP, logged in to by
-// the userspace initiator (qemu-storage-daemon + FUSE + loop): write,
+// the real iSCSI path: a target with an ACL and CHAP (tgtd by default),
+// logged in to by a real initiator (by default the userspace one,
+// qemu-storage-daemon + FUSE + loop; iscsitest.ModeFromEnv): write,
 // unstage, restage, checksum. It logs how long each step took and, with
 // $SPINDLE_REPORT_DIR, writes the timings there.
 func TestFullLifecycleISCSI(t *testing.T) {
@@ -34,13 +35,14 @@ func TestFullLifecycleISCSI(t *testing.T) {
 		{"xfs", lifecycle.MountCapability("xfs"), []string{"mkfs.xfs"}},
 		{"block", lifecycle.BlockCapability(), nil},
 	}
+	mode, _ := iscsitest.ModeFromEnv() // a malformed mode fails in StartTarget
 	var report []string
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			testutil.RequireCommands(t, tt.programs...)
-			tgtd := iscsitest.StartTgtd(t)
+			target := iscsitest.StartTarget(t)
 			pool := filepath.Join(harness.TempDir(t), "pool")
-			cfg := tgtd.Config(t, pool)
+			cfg := target.Config(t, pool)
 			iscsitest.CheckNoLeaks(t, cfg.StateDir)
 			drv := harness.Start(t, harness.Options{PoolDir: pool, Config: iscsitest.YAML("lifecycle", cfg)})
 			dir := harness.TempDir(t)
@@ -67,7 +69,7 @@ func TestFullLifecycleISCSI(t *testing.T) {
 				t.Fatal(err)
 			}
 			var names []string
-			line := fmt.Sprintf("lifecycle over iSCSI (tgt + userspace initiator, CHAP), %s, 256 MiB volume, 8 MiB payload: total %s;", tt.name, total.Round(time.Millisecond))
+			line := fmt.Sprintf("lifecycle over iSCSI (%s, CHAP), %s, 256 MiB volume, 8 MiB payload: total %s;", target.Mode, tt.name, total.Round(time.Millisecond))
 			for _, s := range steps {
 				names = append(names, s.step)
 				line += fmt.Sprintf(" %s %s,", s.step, s.took.Round(time.Millisecond))
@@ -88,13 +90,13 @@ func TestFullLifecycleISCSI(t *testing.T) {
 			if left := poolImages(t, drv.PoolDir); len(left) > 0 {
 				t.Errorf("pool still holds %v after DeleteVolume", left)
 			}
-			if targets := tgtd.Targets(t); len(targets) > 0 {
-				t.Errorf("tgtd still has targets %v after ControllerUnpublishVolume", targets)
+			if targets := target.Targets(t); len(targets) > 0 {
+				t.Errorf("the target still serves %v after ControllerUnpublishVolume", targets)
 			}
 		})
 	}
 	if dir := os.Getenv("SPINDLE_REPORT_DIR"); dir != "" && len(report) > 0 {
 		_ = os.MkdirAll(dir, 0o755)
-		_ = os.WriteFile(filepath.Join(dir, "lifecycle-iscsi.txt"), []byte(strings.Join(report, "\n")+"\n"), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "lifecycle-iscsi-"+strings.ReplaceAll(mode.String(), "/", "-")+".txt"), []byte(strings.Join(report, "\n")+"\n"), 0o644)
 	}
 }

@@ -1,6 +1,7 @@
 // Package rbd drives an RBD volume the way a database pod sees it when it
 // moves between nodes, over the real path: a real Ceph cluster, rbd-fuse +
-// loop devices, ext4, two driver instances with two node IDs on this host.
+// loop devices (or the mounter rbdtest.EnvMounter selects), ext4, two
+// driver instances with two node IDs on this host.
 package rbd
 
 import (
@@ -171,8 +172,8 @@ func TestDatabaseMovesBetweenNodes(t *testing.T) {
 	}
 
 	var report strings.Builder
-	fmt.Fprintf(&report, "rbd lifecycle (rbd-fuse + loop, ext4, 256 MiB, node A -> node B): Ceph start-up %s; %d fsynced records in %s (%.1f ms/record)\n",
-		cl.StartUp.Round(time.Millisecond), records, workload.Round(time.Millisecond), float64(workload.Microseconds())/1000/records)
+	fmt.Fprintf(&report, "rbd lifecycle (%s, ext4, 256 MiB, node A -> node B): Ceph start-up %s; %d fsynced records in %s (%.1f ms/record)\n",
+		cl.Mounter, cl.StartUp.Round(time.Millisecond), records, workload.Round(time.Millisecond), float64(workload.Microseconds())/1000/records)
 	for _, step := range order {
 		var parts []string
 		for _, d := range timings[step] {

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -51,6 +52,9 @@ type Config struct {
 	NodeLocal bool
 	// Backend names the run in its report ("loop" when empty).
 	Backend string
+	// Mode, when set, names the attach path in the report instead of the
+	// instance, e.g. "kernel/tgt" or "krbd".
+	Mode string
 	// Instance is the "<type>/<name>" key volumes are created on
 	// ("loop/default" when empty); BackendConfig is the driver's --config
 	// content that configures it.
@@ -61,6 +65,24 @@ type Config struct {
 	// MutableParameters are valid ControllerModifyVolume parameters
 	// (the loop backend's directIO when nil).
 	MutableParameters map[string]string
+}
+
+// EnvAccess selects the access type of the in-process runs of backends
+// that have one test package (iSCSI, RBD): ginkgo runs one suite per
+// process, so `make vmtest` runs their binary once per access type.
+const EnvAccess = "SPINDLE_SANITY_ACCESS"
+
+// AccessFromEnv is EnvAccess, "mount" when unset.
+func AccessFromEnv(t *testing.T) string {
+	switch a := os.Getenv(EnvAccess); a {
+	case "":
+		return "mount"
+	case "mount", "block":
+		return a
+	default:
+		t.Fatalf("%s=%q: want mount or block", EnvAccess, a)
+		return ""
+	}
 }
 
 // Run runs csi-sanity as c describes and reports how many specs ran,
@@ -108,7 +130,7 @@ func Run(t *testing.T, c Config) {
 	sc.Finalize()
 
 	t.Log(summary)
-	report(t, "sanity-"+c.Backend+"-"+accessType, summary)
+	report(t, reportName("sanity", c.Backend, accessType, c.Mode), summary)
 }
 
 // summarize is a run's report line: how many specs ran, passed, failed and
@@ -142,6 +164,9 @@ func summarize(r ginkgo.Report, c Config) string {
 	}
 	if c.Backend != "loop" {
 		topology = c.Instance
+	}
+	if c.Mode != "" {
+		topology = c.Mode
 	}
 	summary := fmt.Sprintf("csi-sanity (%s, %s, %s): %d of %d specs ran: %d passed, %d failed; %d skipped",
 		c.Backend, c.AccessType, topology, ran, r.PreRunStats.TotalSpecs, passed, failed, skipped)

@@ -32,6 +32,8 @@ type StockConfig struct {
 	AccessType string
 	// Backend names the run in its report.
 	Backend string
+	// Mode, when set, names the attach path in the report, e.g. "krbd".
+	Mode string
 	// Secrets, when set, go to every call through --csi.secrets.
 	Secrets map[string]string
 }
@@ -100,10 +102,14 @@ func RunStock(t *testing.T, binary string, c StockConfig) {
 	}
 	n := func(s string) int { v, _ := strconv.Atoi(s); return v }
 	version := strings.TrimPrefix(filepath.Base(filepath.Dir(binary)), "csi-sanity-")
-	summary := fmt.Sprintf("csi-sanity %s stock binary, default flags (%s, %s): %s of %s specs ran: %s passed, %s failed; %d not run (%s pending, %s skipped)",
-		version, c.Backend, c.AccessType, ran[1], ran[2], counts[1], counts[2], n(counts[3])+n(counts[4]), counts[3], counts[4])
+	what := c.Backend + ", " + c.AccessType
+	if c.Mode != "" {
+		what += ", " + c.Mode
+	}
+	summary := fmt.Sprintf("csi-sanity %s stock binary, default flags (%s): %s of %s specs ran: %s passed, %s failed; %d not run (%s pending, %s skipped)",
+		version, what, ran[1], ran[2], counts[1], counts[2], n(counts[3])+n(counts[4]), counts[3], counts[4])
 	t.Log(summary)
-	report(t, "sanity-stock-"+c.Backend+"-"+c.AccessType, summary)
+	report(t, reportName("sanity-stock", c.Backend, c.AccessType, c.Mode), summary)
 	if os.Getenv("SPINDLE_CSI_SANITY_ARGS") != "" {
 		t.Log(text)
 	}
@@ -134,6 +140,18 @@ func writeSecrets(t *testing.T, file string, s map[string]string) {
 }
 
 // report writes a summary line where make test prints it from.
+// reportName is a report's file name from the run's names: "sanity-iscsi-
+// mount-kernel-tgt".
+func reportName(parts ...string) string {
+	var kept []string
+	for _, p := range parts {
+		if p != "" {
+			kept = append(kept, strings.ReplaceAll(p, "/", "-"))
+		}
+	}
+	return strings.Join(kept, "-")
+}
+
 func report(t *testing.T, name, summary string) {
 	t.Helper()
 	if dir := os.Getenv("SPINDLE_REPORT_DIR"); dir != "" {

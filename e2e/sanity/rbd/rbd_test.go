@@ -1,6 +1,7 @@
 // Package rbd runs csi-sanity against the driver configured with the RBD
 // backend on a real single-node Ceph cluster (internal/backend/rbd/rbdtest),
-// mapping with rbd-fuse + loop devices.
+// mapping with rbd-fuse + loop devices, or the mounter rbdtest.EnvMounter
+// selects.
 package rbd
 
 import (
@@ -16,7 +17,8 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(rbdtest.Main(m)) }
 
-func TestSanityRBDMount(t *testing.T) {
+// TestSanityRBD runs with mount access, or the one sanity.EnvAccess names.
+func TestSanityRBD(t *testing.T) {
 	cl := rbdtest.Require(t)
 	t.Cleanup(func() {
 		if err := cl.Wipe(context.Background()); err != nil {
@@ -24,8 +26,9 @@ func TestSanityRBDMount(t *testing.T) {
 		}
 	})
 	sanity.Run(t, sanity.Config{
-		AccessType:        "mount",
+		AccessType:        sanity.AccessFromEnv(t),
 		Backend:           "rbd",
+		Mode:              cl.Mounter,
 		Instance:          "rbd/ceph-test",
 		BackendConfig:     cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse")),
 		Secrets:           cl.Secrets(),
@@ -51,7 +54,7 @@ func TestStockSanityRBD(t *testing.T) {
 	drv := harness.Start(t, harness.Options{Config: cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse"))})
 	for _, access := range []string{"mount", "block"} {
 		t.Run(access, func(t *testing.T) {
-			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "rbd", Secrets: cl.Secrets()})
+			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "rbd", Mode: cl.Mounter, Secrets: cl.Secrets()})
 		})
 	}
 }

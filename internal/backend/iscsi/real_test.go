@@ -30,26 +30,26 @@ var chapSecrets = map[string]string{
 	iscsi.SecretPassword: "not-a-real-secret-1",
 }
 
-// realEnv is an iSCSI instance on a tgtd of its own, attached with the
-// userspace initiator.
+// realEnv is an iSCSI instance on a target of its own (tgtd or LIO),
+// attached with the initiator of the run's mode (iscsitest.ModeFromEnv).
 type realEnv struct {
-	inst  *backend.Instance
-	store *filestore.Store
-	cfg   iscsi.Config
-	tgtd  *iscsitest.Tgtd
+	inst   *backend.Instance
+	store  *filestore.Store
+	cfg    iscsi.Config
+	target *iscsitest.Target
 }
 
 func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
 	t.Helper()
-	tgtd := iscsitest.StartTgtd(t)
-	cfg := tgtd.Config(t, filepath.Join(t.TempDir(), "pool"))
+	target := iscsitest.StartTarget(t)
+	cfg := target.Config(t, filepath.Join(t.TempDir(), "pool"))
 	cfg.MaxProvisionedBytes = maxBytes
 	inst, err := iscsi.New("test", cfg, command.New(utilexec.New(), nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &realEnv{inst: inst, store: inst.Store.(*iscsi.Store).Store, cfg: cfg, tgtd: tgtd}
-	// Registered after tgtd's stop, so it runs before it: nothing of the
+	e := &realEnv{inst: inst, store: inst.Store.(*iscsi.Store).Store, cfg: cfg, target: target}
+	// Registered after the target's stop, so it runs before it: nothing of the
 	// test may be left attached.
 	iscsitest.CheckNoLeaks(t, cfg.StateDir)
 	return e
@@ -68,10 +68,11 @@ func (e *realEnv) fixture() *conformance.Fixture {
 	}
 }
 
-// TestConformanceTgtUserspace runs the shared suite against a real tgtd,
-// attaching through qemu-storage-daemon + FUSE + loop, with CHAP on every
-// publish and attach. The small-capacity variant is a provisioning cap.
-func TestConformanceTgtUserspace(t *testing.T) {
+// TestConformance runs the shared suite against a real target, attaching
+// with the run's initiator (by default tgtd and qemu-storage-daemon + FUSE
+// + loop), with CHAP on every publish and attach. The small-capacity
+// variant is a provisioning cap.
+func TestConformance(t *testing.T) {
 	conformance.Run(t, func(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		return newRealEnv(t, opts.CapacityBytes).fixture()
 	})
@@ -100,7 +101,8 @@ func (e *realEnv) readImage(_ context.Context, id string, off int64, n int) ([]b
 	return buf, err
 }
 
-// artifacts lists the pool's entries with their sizes and tgtd's targets.
+// artifacts lists the pool's entries with their sizes and the target's
+// iSCSI targets.
 func (e *realEnv) artifacts(context.Context) ([]string, error) {
 	var out []string
 	err := filepath.WalkDir(e.store.Dir(), func(p string, d fs.DirEntry, err error) error {
@@ -122,7 +124,7 @@ func (e *realEnv) artifacts(context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	iqns, err := e.tgtd.TargetIQNs()
+	iqns, err := e.target.TargetIQNs()
 	for _, iqn := range iqns {
 		out = append(out, "target "+iqn)
 	}
@@ -172,6 +174,7 @@ func runTool(t *testing.T, name string, args ...string) (string, error) {
 // does not even discover the target; a wrong password is refused; after
 // unpublish nobody gets in and the target is gone.
 func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
+	testutil.RequireCommands(t, "iscsi-inq", "iscsi-ls")
 	e := newRealEnv(t, 0)
 	img, pc := e.published(t, "pvc-acl", "node-a", backend.SingleNodeWriter)
 	iqn := pc[iscsi.ContextTargetIQN]
@@ -186,12 +189,12 @@ func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
 		want      string // in the output
 		forbidden string // never in the output
 	}{
-		{"published node sees the LUN", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, pass)}, "Peripheral Device Type:DIRECT_ACCESS", ""},
-		{"published node lists the target", "iscsi-ls", []string{"-i", nodeA, "-s", "iscsi://" + user + "%" + pass + "@" + e.tgtd.Portal}, "Target:" + iqn, ""},
-		{"other node cannot log in", "iscsi-inq", []string{"-i", nodeB, iscsiURL(e.tgtd.Portal, iqn, user, pass)}, "Target not found(515)", "DIRECT_ACCESS"},
-		{"other node does not discover it", "iscsi-ls", []string{"-i", nodeB, "-s", "iscsi://" + user + "%" + pass + "@" + e.tgtd.Portal}, "", iqn},
-		{"wrong CHAP password is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, "wrong-password-1")}, "Authentication failure(513)", "DIRECT_ACCESS"},
-		{"no CHAP is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, "", "")}, "", "DIRECT_ACCESS"},
+		{"published node sees the LUN", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.target.Portal, iqn, user, pass)}, "Peripheral Device Type:DIRECT_ACCESS", ""},
+		{"published node lists the target", "iscsi-ls", []string{"-i", nodeA, "-s", "iscsi://" + user + "%" + pass + "@" + e.target.Portal}, "Target:" + iqn, ""},
+		{"other node cannot log in", "iscsi-inq", []string{"-i", nodeB, iscsiURL(e.target.Portal, iqn, user, pass)}, "Target not found(515)", "DIRECT_ACCESS"},
+		{"other node does not discover it", "iscsi-ls", []string{"-i", nodeB, "-s", "iscsi://" + user + "%" + pass + "@" + e.target.Portal}, "", iqn},
+		{"wrong CHAP password is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.target.Portal, iqn, user, "wrong-password-1")}, "Authentication failure(513)", "DIRECT_ACCESS"},
+		{"no CHAP is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.target.Portal, iqn, "", "")}, "", "DIRECT_ACCESS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -208,10 +211,10 @@ func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
 	if err := e.inst.Exporter.Unpublish(t.Context(), img.ID, "node-a"); err != nil {
 		t.Fatal(err)
 	}
-	if slices.Contains(e.tgtd.Targets(t), iqn) {
+	if slices.Contains(e.target.Targets(t), iqn) {
 		t.Fatalf("target %s still exists after its only node was unpublished", iqn)
 	}
-	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, iqn, user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.target.Portal, iqn, user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
 		t.Fatalf("the unpublished node still sees the LUN:\n%s", out)
 	}
 }
@@ -237,14 +240,14 @@ func TestReconcileAfterTgtdRestart(t *testing.T) {
 	}
 	chapped, pcCHAP := e.published(t, "pvc-chap", "node-a", backend.SingleNodeWriter)
 
-	e.tgtd.Restart(t)
-	if got := e.tgtd.Targets(t); len(got) != 0 {
+	e.target.Restart(t)
+	if got := e.target.Targets(t); len(got) != 0 {
 		t.Fatalf("targets after a tgtd restart = %v", got)
 	}
 	// A stray target of this instance, as an interrupted unpublish leaves.
 	stray := iscsi.TargetIQN(e.cfg.TargetPrefix, "test", "pvc-stray")
 	cmd := exec.Command("tgtadm", "--lld", "iscsi", "--mode", "target", "--op", "new", "--tid", "9", "--targetname", stray)
-	cmd.Env = append(os.Environ(), "TGT_IPC_SOCKET="+e.tgtd.Socket)
+	cmd.Env = append(os.Environ(), "TGT_IPC_SOCKET="+e.target.Socket)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -252,7 +255,7 @@ func TestReconcileAfterTgtdRestart(t *testing.T) {
 	if _, err := e.inst.Store.(backend.Reconciler).Reconcile(ctx); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
-	got := e.tgtd.Targets(t)
+	got := e.target.Targets(t)
 	slices.Sort(got)
 	want := []string{pcCHAP[iscsi.ContextTargetIQN], pcPlain[iscsi.ContextTargetIQN]}
 	slices.Sort(want)
@@ -261,10 +264,10 @@ func TestReconcileAfterTgtdRestart(t *testing.T) {
 	}
 	nodeA := iscsitest.InitiatorPrefix + ":node-a"
 	user, pass := chapSecrets[iscsi.SecretUser], chapSecrets[iscsi.SecretPassword]
-	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcPlain[iscsi.ContextTargetIQN], "", "")); !strings.Contains(out, "DIRECT_ACCESS") {
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.target.Portal, pcPlain[iscsi.ContextTargetIQN], "", "")); !strings.Contains(out, "DIRECT_ACCESS") {
 		t.Fatalf("the rebuilt plain target does not serve node-a:\n%s", out)
 	}
-	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcCHAP[iscsi.ContextTargetIQN], user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.target.Portal, pcCHAP[iscsi.ContextTargetIQN], user, pass)); strings.Contains(out, "DIRECT_ACCESS") {
 		t.Fatalf("the CHAP target came back open before its credentials did:\n%s", out)
 	}
 	// A publish without the credentials may not open it either.
@@ -276,30 +279,34 @@ func TestReconcileAfterTgtdRestart(t *testing.T) {
 	if _, err := e.inst.Exporter.Publish(backend.WithSecrets(ctx, chapSecrets), chapped.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter}); err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcCHAP[iscsi.ContextTargetIQN], user, pass)); !strings.Contains(out, "DIRECT_ACCESS") {
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.target.Portal, pcCHAP[iscsi.ContextTargetIQN], user, pass)); !strings.Contains(out, "DIRECT_ACCESS") {
 		t.Fatalf("the CHAP target is still locked after a publish with its secrets:\n%s", out)
 	}
-	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.tgtd.Portal, pcCHAP[iscsi.ContextTargetIQN], "", "")); strings.Contains(out, "DIRECT_ACCESS") {
+	if out, _ := runTool(t, "iscsi-inq", "-i", nodeA, iscsiURL(e.target.Portal, pcCHAP[iscsi.ContextTargetIQN], "", "")); strings.Contains(out, "DIRECT_ACCESS") {
 		t.Fatalf("the CHAP target lets node-a in without CHAP:\n%s", out)
 	}
 }
 
-// The userspace attacher's refusals, with the real daemon's login errors.
-func TestUserspaceAttachRefusals(t *testing.T) {
+// The attacher's refusals, with the real initiator's login errors.
+func TestAttachRefusals(t *testing.T) {
 	e := newRealEnv(t, 0)
 	img, pc := e.published(t, "pvc-refuse", "node-a", backend.SingleNodeWriter)
 	req := backend.AttachRequest{ImageID: img.ID, NodeID: "node-a", PublishContext: pc}
-	tests := []struct {
+	type refusal struct {
 		name     string
 		secrets  map[string]string
 		kind     error
 		mentions []string
-	}{
+	}
+	tests := []refusal{
 		{"wrong CHAP password", map[string]string{iscsi.SecretUser: chapSecrets[iscsi.SecretUser], iscsi.SecretPassword: "wrong-password-1"},
 			errdefs.ErrPrecondition, []string{"CHAP authentication", pc[iscsi.ContextTargetIQN]}},
 		{"no CHAP", nil, errdefs.ErrPrecondition, []string{pc[iscsi.ContextTargetIQN]}},
-		{"mutual CHAP", map[string]string{iscsi.SecretUser: "u", iscsi.SecretPassword: "p", iscsi.SecretMutualUser: "m", iscsi.SecretMutualPassword: "q"},
-			errdefs.ErrPrecondition, []string{"mutual CHAP", "kernel"}},
+	}
+	if e.target.Mode.Attach == iscsi.ModeUserspace {
+		// qemu's iSCSI client has no mutual CHAP; the kernel's has.
+		tests = append(tests, refusal{"mutual CHAP", map[string]string{iscsi.SecretUser: "u", iscsi.SecretPassword: "p", iscsi.SecretMutualUser: "m", iscsi.SecretMutualPassword: "q"},
+			errdefs.ErrPrecondition, []string{"mutual CHAP", "kernel"}})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,6 +335,9 @@ func TestUserspaceAttachRefusals(t *testing.T) {
 // LUN that tgtd opens with O_DIRECT, and it still attaches and carries data.
 func TestDirectIOReachesTgt(t *testing.T) {
 	e := newRealEnv(t, 0)
+	if e.target.Mode.Target != iscsi.ToolTgt {
+		t.Skipf("bsoflags are tgtd's; this run's target is %s", e.target.Mode.Target)
+	}
 	ctx := backend.WithSecrets(t.Context(), chapSecrets)
 	if err := e.inst.Attacher.RegisterNode(ctx, backend.NodeInfo{NodeID: "node-a"}); err != nil {
 		t.Fatal(err)
@@ -342,7 +352,7 @@ func TestDirectIOReachesTgt(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("tgtadm", "--lld", "iscsi", "--mode", "target", "--op", "show")
-	cmd.Env = append(os.Environ(), "TGT_IPC_SOCKET="+e.tgtd.Socket)
+	cmd.Env = append(os.Environ(), "TGT_IPC_SOCKET="+e.target.Socket)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "Backing store flags: direct") {
 		t.Fatalf("tgtadm show (%v):\n%s\nwant the LUN opened with bsoflags direct", err, out)

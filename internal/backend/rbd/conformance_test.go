@@ -18,8 +18,10 @@ import (
 func TestMain(m *testing.M) { os.Exit(rbdtest.Main(m)) }
 
 // newFixture builds an instance on the test cluster's pool, mapping with
-// rbd-fuse + loop (the one mounter that runs on a node without the rbd and
-// nbd kernel modules). The pool is emptied before and after each case.
+// the run's mounter: rbd-fuse + loop by default (the one mounter that runs
+// on a node without the rbd and nbd kernel modules), krbd or rbd-nbd where
+// rbdtest.EnvMounter selects them. The pool is emptied before and after
+// each case.
 func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 	cl := rbdtest.Require(t)
 	wipe := func() {
@@ -34,7 +36,7 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		ClusterID:           "test",
 		Monitors:            []string{cl.Monitor},
 		Pool:                cl.Pool,
-		Mounter:             rbd.MounterFuse,
+		Mounter:             cl.Mounter,
 		FuseDir:             fuseDir,
 		MaxProvisionedBytes: opts.CapacityBytes,
 		UserID:              cl.User,

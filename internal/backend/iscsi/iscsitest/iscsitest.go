@@ -1,6 +1,9 @@
-// Package iscsitest runs a real tgtd for tests (through hack/tgtd.sh, on
-// 127.0.0.1 only, its control socket in a test directory) and builds iSCSI
-// backend configurations that use it with the userspace attacher.
+// Package iscsitest runs a real iSCSI target for tests — a tgtd of their
+// own (through hack/tgtd.sh, on 127.0.0.1 only, its control socket in a
+// test directory) or the kernel's LIO — and builds iSCSI backend
+// configurations that use it with the userspace or the kernel initiator, as
+// the environment selects (ModeFromEnv; `make vmtest` runs the kernel ones
+// in a guest with Debian's kernel).
 package iscsitest
 
 import (
@@ -17,12 +20,7 @@ import (
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend/iscsi"
-	"github.com/spindle-csi/spindle/internal/testutil"
 )
-
-// Programs the real iSCSI path needs here: the target, the userspace
-// initiator, and libiscsi's tools that the ACL tests use.
-var Programs = []string{"tgtd", "tgtadm", "qemu-storage-daemon", "iscsi-ls", "iscsi-inq", "losetup"}
 
 // Prefixes of the IQNs tests use.
 const (
@@ -30,31 +28,25 @@ const (
 	InitiatorPrefix = "iqn.2026-01.dev.spindle.node"
 )
 
-// Tgtd is a tgtd started for one test.
-type Tgtd struct {
-	Dir    string // holds the control socket, pid file and log
-	Socket string // TGT_IPC_SOCKET
+// Target is an iSCSI target started for one test: a tgtd of its own, or
+// the kernel's LIO target (one per machine, so one test at a time).
+type Target struct {
+	Mode   Mode
+	Dir    string // tgt: holds the control socket, pid file and log
+	Socket string // tgt: TGT_IPC_SOCKET
 	Portal string // 127.0.0.1:<port>
 }
 
-// Require skips t, naming what is missing, unless the real iSCSI path can
-// run here: root, the programs, FUSE and loop devices.
-func Require(t testing.TB) {
+// StartTarget starts the target of the mode the environment selects (see
+// ModeFromEnv) and stops it, with every target it holds, when the test
+// ends. tgtd listens on a free port of 127.0.0.1; LIO on its default
+// portal, 0.0.0.0:3260.
+func StartTarget(t testing.TB) *Target {
 	t.Helper()
-	testutil.RequireRoot(t, "run tgtd, FUSE exports and loop devices")
-	testutil.RequireCommands(t, Programs...)
-	for _, dev := range []string{"/dev/fuse", "/dev/loop-control"} {
-		if _, err := os.Stat(dev); err != nil {
-			t.Skipf("missing %s: the userspace iSCSI attacher needs FUSE and loop devices", dev)
-		}
+	mode := Require(t)
+	if mode.Target == iscsi.ToolLIO {
+		return startLIO(t, mode)
 	}
-}
-
-// StartTgtd starts a tgtd on a free port of 127.0.0.1 and stops it when
-// the test ends.
-func StartTgtd(t testing.TB) *Tgtd {
-	t.Helper()
-	Require(t)
 	script := filepath.Join(moduleRoot(t), "hack", "tgtd.sh")
 	dir, err := os.MkdirTemp("", "spindle-tgtd-")
 	if err != nil {
@@ -78,11 +70,34 @@ func StartTgtd(t testing.TB) *Tgtd {
 		}
 		_ = os.RemoveAll(dir)
 	})
-	return &Tgtd{Dir: dir, Socket: filepath.Join(dir, "tgtd.socket"), Portal: fmt.Sprintf("127.0.0.1:%d", port)}
+	return &Target{Mode: mode, Dir: dir, Socket: filepath.Join(dir, "tgtd.socket"), Portal: fmt.Sprintf("127.0.0.1:%d", port)}
 }
 
-// Targets lists the IQNs tgtd serves, read with tgtadm directly.
-func (d *Tgtd) Targets(t testing.TB) []string {
+// startLIO clears LIO's configuration before and after the test, so that
+// what one test leaves cannot pass or fail the next.
+func startLIO(t testing.TB, mode Mode) *Target {
+	t.Helper()
+	clear := func() error {
+		out, err := run("targetcli", "clearconfig", "confirm=True")
+		if err != nil {
+			return fmt.Errorf("targetcli clearconfig: %v: %s", err, out)
+		}
+		return nil
+	}
+	if err := clear(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := clear(); err != nil {
+			t.Error(err)
+		}
+	})
+	return &Target{Mode: mode, Portal: "127.0.0.1:3260"}
+}
+
+// Targets lists the IQNs the target serves, read with tgtadm or from
+// LIO's configfs directly, not through the code under test.
+func (d *Target) Targets(t testing.TB) []string {
 	t.Helper()
 	iqns, err := d.TargetIQNs()
 	if err != nil {
@@ -92,7 +107,10 @@ func (d *Tgtd) Targets(t testing.TB) []string {
 }
 
 // TargetIQNs is Targets for callers without a testing.TB.
-func (d *Tgtd) TargetIQNs() ([]string, error) {
+func (d *Target) TargetIQNs() ([]string, error) {
+	if d.Mode.Target == iscsi.ToolLIO {
+		return lioTargetIQNs()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "tgtadm", "--lld", "iscsi", "--mode", "target", "--op", "show")
@@ -113,9 +131,13 @@ func (d *Tgtd) TargetIQNs() ([]string, error) {
 }
 
 // Restart stops tgtd and starts it again on the same port and socket: a
-// tgtd restart loses every target, as in production.
-func (d *Tgtd) Restart(t testing.TB) {
+// tgtd restart loses every target, as in production. LIO keeps its
+// configuration in the kernel, so the tests of a restart skip with it.
+func (d *Target) Restart(t testing.TB) {
 	t.Helper()
+	if d.Mode.Target != iscsi.ToolTgt {
+		t.Skipf("only tgtd forgets its targets when restarted; this run's target is %s", d.Mode.Target)
+	}
 	script := filepath.Join(moduleRoot(t), "hack", "tgtd.sh")
 	if out, err := run(script, "stop", d.Dir); err != nil {
 		t.Fatalf("stop tgtd: %v\n%s", err, out)
@@ -126,10 +148,10 @@ func (d *Tgtd) Restart(t testing.TB) {
 	}
 }
 
-// Config is an iSCSI instance on d with the userspace attacher, its pool
+// Config is an iSCSI instance on d with the run's attach mode, its pool
 // in poolDir and its node state in a fresh short directory (unix socket
 // paths are limited to 108 bytes).
-func (d *Tgtd) Config(t testing.TB, poolDir string) iscsi.Config {
+func (d *Target) Config(t testing.TB, poolDir string) iscsi.Config {
 	t.Helper()
 	state, err := os.MkdirTemp("", "spindle-iscsi-")
 	if err != nil {
@@ -139,11 +161,11 @@ func (d *Tgtd) Config(t testing.TB, poolDir string) iscsi.Config {
 	return iscsi.Config{
 		PoolDir:          poolDir,
 		Portals:          []string{d.Portal},
-		TargetTool:       iscsi.ToolTgt,
+		TargetTool:       d.Mode.Target,
 		TgtControlSocket: d.Socket,
 		TargetPrefix:     TargetPrefix,
 		InitiatorPrefix:  InitiatorPrefix,
-		AttachMode:       iscsi.ModeUserspace,
+		AttachMode:       d.Mode.Attach,
 		StateDir:         state,
 	}
 }
@@ -203,11 +225,16 @@ func moduleRoot(t testing.TB) string {
 }
 
 // CheckNoLeaks registers a cleanup that fails t for a loop device, FUSE
-// mount or qemu-storage-daemon of stateDir (a userspace attacher's) still
-// there when the test ends, and then removes them, so one failing test does
-// not poison the next.
+// mount or qemu-storage-daemon of stateDir (a userspace attacher's), or a
+// kernel session to one of the tests' targets, still there when the test
+// ends, and then removes them, so one failing test does not poison the
+// next.
 func CheckNoLeaks(t testing.TB, stateDir string) {
 	t.Cleanup(func() {
+		for _, iqn := range kernelSessions() {
+			t.Errorf("kernel iSCSI session to %s left logged in", iqn)
+			_, _ = run("iscsiadm", "-m", "node", "-T", iqn, "--logout")
+		}
 		paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 		for _, p := range paths {
 			data, _ := os.ReadFile(p)
@@ -237,4 +264,24 @@ func CheckNoLeaks(t testing.TB, stateDir string) {
 			}
 		}
 	})
+}
+
+// kernelSessions lists the targets with TargetPrefix that the kernel
+// initiator is logged in to (none where iscsiadm is missing).
+func kernelSessions() []string {
+	if _, err := exec.LookPath("iscsiadm"); err != nil {
+		return nil
+	}
+	// "tcp: [1] 127.0.0.1:3260,1 iqn.2026-01.dev.spindle:... (non-flash)";
+	// with no session iscsiadm exits 21 and prints nothing on stdout.
+	out, _ := exec.Command("iscsiadm", "-m", "session").Output()
+	var iqns []string
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, TargetPrefix+":") {
+				iqns = append(iqns, f)
+			}
+		}
+	}
+	return iqns
 }

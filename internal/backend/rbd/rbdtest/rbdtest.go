@@ -36,6 +36,8 @@ type Cluster struct {
 	Key      string // client.admin's key, for CSI secrets
 	KeyFile  string // a 0600 file holding Key
 	HackDir  string // the repository's hack/
+	Mounter  string // how the tests map images (EnvMounter)
+	external bool   // EnvCephDir's cluster: not started or stopped here
 	StartUp  time.Duration
 	stopped  bool
 	upOutput string
@@ -105,19 +107,26 @@ func freePort() (int, error) {
 
 func start() (*Cluster, error) {
 	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("not root: the RBD tests mount rbd-fuse and bind loop devices (run `sudo make test`)")
+		return nil, fmt.Errorf("not root: the RBD tests map images (run `sudo make test`)")
+	}
+	mounter, err := mounterFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if err := requireMounter(mounter); err != nil {
+		return nil, err
+	}
+	if dir := os.Getenv(EnvCephDir); dir != "" {
+		return external(dir, mounter)
 	}
 	var missing []string
-	for _, p := range []string{"ceph-mon", "ceph-mgr", "ceph-osd", "ceph", "rbd", "rbd-fuse", "ceph-authtool", "monmaptool", "uuidgen", "losetup"} {
+	for _, p := range []string{"ceph-mon", "ceph-mgr", "ceph-osd", "ceph", "rbd", "ceph-authtool", "monmaptool", "uuidgen"} {
 		if _, err := exec.LookPath(p); err != nil {
 			missing = append(missing, p)
 		}
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("missing %s: run hack/install-deps.sh (Debian packages ceph-mon ceph-mgr ceph-osd ceph-common rbd-fuse)", strings.Join(missing, ", "))
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		return nil, fmt.Errorf("no /dev/fuse: rbd-fuse cannot mount here")
 	}
 	root, err := repoRoot()
 	if err != nil {
@@ -127,7 +136,7 @@ func start() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: filepath.Join(dir, "cluster"), Pool: Pool, User: "admin", HackDir: filepath.Join(root, "hack")}
+	c := &Cluster{Dir: filepath.Join(dir, "cluster"), Pool: Pool, User: "admin", HackDir: filepath.Join(root, "hack"), Mounter: mounter}
 	c.Conf = filepath.Join(c.Dir, "ceph.conf")
 	var v2, v1 int
 	if v2, err = freePort(); err == nil {
@@ -172,7 +181,7 @@ func tail(s string, n int) string {
 }
 
 func (c *Cluster) stop() {
-	if c.stopped {
+	if c.stopped || c.external {
 		return
 	}
 	c.stopped = true
@@ -365,7 +374,7 @@ func (c *Cluster) AwaitNoWatchers(ctx context.Context, image string, within time
 }
 
 // DriverConfig is a driver --config with one rbd instance, rbd/ceph-test,
-// on the cluster, mapping with rbd-fuse under fuseDir. userID and keyFile
+// on the cluster, mapping with the run's mounter (rbd-fuse under fuseDir by default). userID and keyFile
 // serve the RPCs that CSI sends without secrets (ListVolumes, GetCapacity,
 // ControllerGetVolume, Probe); calls that carry the secrets userID/userKey
 // use those.
@@ -380,8 +389,8 @@ backends:
       pool: %s
       userID: %s
       keyFile: %s
-      mounter: rbd-fuse
+      mounter: %s
       fuseDir: %s
       nodeRegistry: true
-`, c.Monitor, c.Pool, c.User, c.KeyFile, fuseDir)
+`, c.Monitor, c.Pool, c.User, c.KeyFile, c.Mounter, fuseDir)
 }
