@@ -44,6 +44,7 @@ func newKernel(run *command.Runner, stateDir string) *kernel {
 
 // iscsiadm exit statuses (open-iscsi's include/iscsi_err.h).
 const (
+	iscsiErrIDBM        = 6  // the record database: e.g. no such iface
 	iscsiErrNoDriver    = 12 // "iSCSI driver not found"
 	iscsiErrSessExists  = 15
 	iscsiErrNonRetry    = 19 // login refused: target not found, not allowed
@@ -145,7 +146,7 @@ func (k *kernel) Connect(ctx context.Context, s session) (*connDevice, error) {
 // ensureIface makes the "spindle" iface carry the node's initiator name.
 func (k *kernel) ensureIface(ctx context.Context, initiator string) error {
 	out, err := k.adm(ctx, "-m", "iface", "-I", k.iface, "-o", "show")
-	if command.ExitCode(err) == iscsiErrNoObjsFound {
+	if ifaceMissing(err) {
 		if _, err := k.adm(ctx, "-m", "iface", "-I", k.iface, "-o", "new"); err != nil {
 			return k.admError(err, session{Initiator: initiator}, "")
 		}
@@ -163,6 +164,20 @@ func (k *kernel) ensureIface(ctx context.Context, initiator string) error {
 		return k.admError(err, session{Initiator: initiator}, "")
 	}
 	return nil
+}
+
+// ifaceMissing: open-iscsi 2.1.8 (Debian 12) answers `-m iface -I NAME -o
+// show` for an iface it has no record of with exit 6 (ISCSI_ERR_IDBM) and
+// "Failed to open /etc/iscsi/ifaces/NAME using read mode: 2 No such file or
+// directory"; other versions with 21 (ISCSI_ERR_NO_OBJS_FOUND).
+func ifaceMissing(err error) bool {
+	switch command.ExitCode(err) {
+	case iscsiErrNoObjsFound:
+		return true
+	case iscsiErrIDBM:
+		return strings.Contains(command.Stderr(err), "No such file or directory")
+	}
+	return false
 }
 
 func (k *kernel) connectVia(ctx context.Context, s session, portal string, refs sessionRefs) (*connDevice, error) {
@@ -211,6 +226,17 @@ func (k *kernel) connectVia(ctx context.Context, s session, portal string, refs 
 	if err := k.writeRefs(refs); err != nil {
 		return nil, err
 	}
+	d, err := k.provenDevice(ctx, s, portal, fresh)
+	if err != nil {
+		// Leave nothing behind: a LUN that did not prove itself is not
+		// counted, and a login made for it alone is undone.
+		return nil, errors.Join(err, k.forget(ctx, refs, s.IQN, s.LUN))
+	}
+	return d, nil
+}
+
+// provenDevice waits for the LUN's disk and proves it by its serial.
+func (k *kernel) provenDevice(ctx context.Context, s session, portal string, fresh bool) (*connDevice, error) {
 	dev, err := k.awaitDevice(ctx, portal, s.IQN, s.LUN)
 	if err != nil {
 		return nil, err
@@ -255,6 +281,9 @@ func (k *kernel) admError(err error, s session, portal string) error {
 		return errdefs.Wrap(errdefs.ErrNotFound, err, "target %s at portal %s does not let initiator %s log in (not found, or not in its ACL: is the volume published to this node?)", s.IQN, portal, s.Initiator)
 	case code == iscsiErrNoIscsid:
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iscsid is not running on this node")
+	case s.IQN == "":
+		// Before any target: setting up the node's iface.
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iscsiadm could not set up the iface of initiator %s", s.Initiator)
 	default:
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iscsiadm failed for target %s at portal %s", s.IQN, portal)
 	}
@@ -293,7 +322,8 @@ func (k *kernel) identify(iqn, serial, dev string) (*connDevice, error) {
 	}
 	got := ""
 	if len(data) > 4 {
-		got = strings.TrimRight(string(data[4:]), " \x00\n")
+		// tgt right-aligns the serial in its field: leading spaces too.
+		got = strings.Trim(string(data[4:]), " \x00\n")
 	}
 	if got != serial {
 		return nil, errdefs.NotFound("%s has serial %q, not %q of target %s", dev, got, serial, iqn)
@@ -393,6 +423,24 @@ func (k *kernel) Release(ctx context.Context, iqn string) error {
 	if err != nil {
 		return err
 	}
+	return k.logoutUnused(ctx, refs, iqn)
+}
+
+// forget drops lun from the target's count and logs out if it was the
+// target's last; k.mu is held.
+func (k *kernel) forget(ctx context.Context, refs sessionRefs, iqn string, lun int) error {
+	if t := refs[iqn]; t != nil {
+		t.LUNs = slices.DeleteFunc(t.LUNs, func(l int) bool { return l == lun })
+	}
+	if err := k.writeRefs(refs); err != nil {
+		return err
+	}
+	return k.logoutUnused(ctx, refs, iqn)
+}
+
+// logoutUnused logs out of a target Spindle logged in to once none of its
+// LUNs is in use; k.mu is held.
+func (k *kernel) logoutUnused(ctx context.Context, refs sessionRefs, iqn string) error {
 	t := refs[iqn]
 	if t == nil {
 		return nil // not logged in by us
