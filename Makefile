@@ -22,7 +22,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench e2e cluster-up cluster-down clean
+.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench e2e e2e-storage vmtest cluster-up cluster-down clean
 
 all: build
 
@@ -78,6 +78,17 @@ bench: deps build
 # it down; ends with "N passed, M failed".
 e2e: deps
 	hack/local-cluster/e2e.sh
+
+# The Kubernetes external storage suite (e2e.test) for each StorageClass in
+# e2e/storage; too long for CI (its run time is in docs/testing.md).
+e2e-storage: deps
+	hack/local-cluster/e2e-storage.sh
+
+# The kernel attach paths (iSCSI kernel initiator on tgt and LIO, krbd,
+# rbd-nbd, online ext4 growth) in a qemu guest with Debian's kernel; ends
+# with "N passed, M failed" (its run time is in docs/testing.md).
+vmtest: deps
+	hack/vm/vmtest.sh
 
 # For working on the e2e tests: a cluster that stays up
 # (SPINDLE_E2E_CLUSTER_DIR=/var/tmp/spindle-local-cluster go test ./e2e/kubernetes/).

@@ -12,8 +12,10 @@
 #   ...                   snapshot-controller, from the binaries that
 #                         hack/local-cluster/build.sh puts in $CACHE/bin
 #
-#   busybox.tar           registry.k8s.io/e2e-test-images/busybox:1.37.0-1 (and
-#                         1.36.1-1): Debian's busybox-static with every applet
+#   busybox-*.tar         registry.k8s.io/e2e-test-images/busybox:1.37.0-1 (and
+#                         the other tags the suite names), glibc-dns-testing and
+#                         nginx: Debian's busybox-static with every applet (the
+#                         storage tests run only shell commands in them)
 #   agnhost.tar           registry.k8s.io/e2e-test-images/agnhost:2.63.0:
 #                         agnhost built from k8s.io/kubernetes, with busybox
 #                         (hack/images.sh e2e; the names and tags the
@@ -88,18 +90,29 @@ e2e() {
     echo "images: busybox, agnhost or e2e.test missing in $CACHE; run E2E_SUITE=1 hack/local-cluster/build.sh first" >&2
     exit 1
   }
-  local list busybox_tags agnhost_tag
+  local list shell_images agnhost_tag
   list=$("$CACHE/bin/e2e.test" --list-images)
-  mapfile -t busybox_tags < <(grep '^registry.k8s.io/e2e-test-images/busybox:' <<<"$list")
+  # The images the storage tests run shell commands in (busybox, and the
+  # glibc-dns-testing and nginx images whose commands they replace): one
+  # busybox with every applet, under each name and tag.
+  mapfile -t shell_images < <(grep -E '^registry.k8s.io/e2e-test-images/(busybox|glibc-dns-testing|nginx):' <<<"$list")
   agnhost_tag=$(grep '^registry.k8s.io/e2e-test-images/agnhost:' <<<"$list" | sort -V | tail -1)
-  local applets=() a
+  # Every applet but dd: the suite writes with `dd oflag=nocache`, which
+  # busybox's dd refuses, so the image carries this machine's GNU dd and
+  # the libraries it loads.
+  local applets=() a lib
   for a in $("$bb" --list); do
-    [ "$a" = busybox ] || applets+=(-symlink "/bin/$a:/bin/busybox")
+    case $a in busybox | dd) ;; *) applets+=(-symlink "/bin/$a:/bin/busybox") ;; esac
   done
-  local t
-  for t in "${busybox_tags[@]}"; do
+  applets+=(-file "$(command -v dd):/bin/dd")
+  for lib in $(ldd "$(command -v dd)" | grep -o '/[^ ]*'); do
+    applets+=(-file "$(readlink -f "$lib"):$lib")
+  done
+  local t name
+  for t in "${shell_images[@]}"; do
+    name=${t#registry.k8s.io/e2e-test-images/}
     echo "images: $t" >&2
-    imagetar -tag "$t" -o "$OUT/busybox-${t##*:}.tar" -file "$bb:/bin/busybox" "${applets[@]}" -cmd sh
+    imagetar -tag "$t" -o "$OUT/${name//[:\/]/-}.tar" -file "$bb:/bin/busybox" "${applets[@]}" -cmd sh
   done
   echo "images: $agnhost_tag" >&2
   imagetar -tag "$agnhost_tag" -o "$OUT/agnhost.tar" -file "$bb:/bin/busybox" "${applets[@]}" \

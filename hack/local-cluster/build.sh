@@ -18,6 +18,7 @@ set -euo pipefail
 
 K8S=${K8S:-v1.36.3}
 ETCD=${ETCD:-v3.6.8}
+GINKGO=${GINKGO:-v2.28.1} # the version k8s.io/kubernetes $K8S requires
 PROVISIONER=${PROVISIONER:-v6.3.0}
 ATTACHER=${ATTACHER:-v4.13.0}
 RESIZER=${RESIZER:-v2.3.0}
@@ -185,5 +186,7 @@ step csi-snapshotter "$SNAPSHOTTER" snapshotter
 # Only `make e2e-storage` needs the e2e suite (E2E_SUITE=1).
 if [ "${E2E_SUITE:-0}" = 1 ]; then
   step kubernetes-e2e "$K8S" kubernetes_e2e
+  # The ginkgo CLI runs e2e.test's specs in parallel processes.
+  step ginkgo "$GINKGO" env GOBIN="$BIN" go install "github.com/onsi/ginkgo/v2/ginkgo@$GINKGO"
 fi
 echo "build: local cluster binaries ready in $BIN ($((SECONDS - start))s)" >&2

@@ -26,7 +26,9 @@ fi
 ip link del "$POD_BRIDGE" 2>/dev/null
 # Mounts, deepest first; then the loop devices of the pool.
 grep " $CLUSTER_DIR" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
-for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$POOL_DIR/" 'index($2, d) == 1 {print $1}'); do losetup -d "$dev"; done
+# Every loop device on a file of the cluster: the pool's images, and the
+# pool's own filesystem image (POOL_FS).
+for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$CLUSTER_DIR/" 'index($2, d) == 1 {print $1}' | sort -r); do losetup -d "$dev"; done
 # kubelet's cgroups (cgroupfs driver), every hierarchy.
 for c in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
   [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null

@@ -38,6 +38,19 @@ P=$CLUSTER_DIR/pki
 mkdir -p "$P" "$LOGS" "$RUN" "$KUBELET_DIR" "$POOL_DIR" "$CLUSTER_DIR/podlogs" "$CLUSTER_DIR/cni/bin" "$CLUSTER_DIR/cni/net.d" "$CLUSTER_DIR/containerd" "$CLUSTER_DIR/images"
 start=$SECONDS
 
+# POOL_FS=xfs|btrfs puts the loop pool on a filesystem of its own (a
+# sparse image file on a loop device) that can reflink, so snapshots and
+# clones of volumes in use work, as docs/volumes.md recommends.
+if [ -n "${POOL_FS:-}" ] && ! findmnt -n "$POOL_DIR" >/dev/null; then
+  truncate -s "${POOL_SIZE:-64G}" "$CLUSTER_DIR/pool.img"
+  case $POOL_FS in
+  xfs) mkfs.xfs -q -m reflink=1 "$CLUSTER_DIR/pool.img" ;;
+  btrfs) mkfs.btrfs -q "$CLUSTER_DIR/pool.img" ;;
+  *) echo "up: POOL_FS=$POOL_FS: want xfs or btrfs" >&2; exit 2 ;;
+  esac
+  mount -o loop "$CLUSTER_DIR/pool.img" "$POOL_DIR"
+fi
+
 # start NAME CMD...: runs CMD in the background, its log in $LOGS/NAME.log.
 start() {
   local name=$1
@@ -211,8 +224,12 @@ spec:
   fsGroupPolicy: File
   volumeLifecycleModes: [Persistent]
 YAML
+# SPINDLE_CONFIG: a backend configuration file (more backends than the
+# loop pool, as `make e2e-storage` uses); without it the loop pool alone.
+backends=(--loop-pool-dir "$POOL_DIR")
+[ -n "${SPINDLE_CONFIG:-}" ] && backends=(--config "$SPINDLE_CONFIG")
 start spindle "$SPINDLE" --mode all --node-id "$NODE" --driver-name "$DRIVER_NAME" --endpoint "unix://$CSI_SOCKET" \
-  --loop-pool-dir "$POOL_DIR" --plugin-registration-dir "$KUBELET_DIR/plugins_registry" --log-format json \
+  "${backends[@]}" --plugin-registration-dir "$KUBELET_DIR/plugins_registry" --log-format json \
   --kubelet-dir "$KUBELET_DIR" --metrics-address 127.0.0.1:9808
 wait_for "the Spindle socket" 30 test -S "$CSI_SOCKET"
 sidecar=(--csi-address "$CSI_SOCKET" --kubeconfig "$KUBECONFIG")

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# `make e2e-storage`: the Kubernetes external storage suite (e2e.test from
+# k8s.io/kubernetes, -ginkgo.focus='External.Storage') against Spindle on the
+# local cluster, one run per testdriver in e2e/storage/testdrivers (one per
+# StorageClass: loop ext4, loop xfs, loop block, rbd, iscsi), each ending
+# with ginkgo's own summary (`Ran N of M Specs ... X Passed | Y Failed`).
+#
+# The cluster runs the driver as a host process (DEPLOY=process) with a
+# backend configuration holding every backend: the loop pool on an xfs of
+# its own (POOL_FS=xfs: snapshots and clones of volumes in use need
+# reflink), Ceph RBD through rbd-fuse on a throw-away Ceph (hack/ceph-up.sh)
+# and iSCSI in userspace mode against a tgtd (hack/tgtd.sh), both on
+# 127.0.0.1 and under $STATE, outside the cluster's directory.
+#
+#   DRIVERS   which testdrivers (default: all five)
+#   PROCS     ginkgo's parallel processes (default 3; the specs mostly wait)
+#   SKIP      a ginkgo regexp of specs not to run (default: see below)
+#   STATE     Ceph, tgtd, the iSCSI pool and the reports (default
+#             /var/tmp/spindle-e2e-storage; reports in $STATE/reports)
+#
+# Exits non-zero when a run had failures or could not start.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/local-cluster/env.sh
+. "$HERE/env.sh"
+export CLUSTER_DIR
+cd "$REPO" || exit 1
+DRIVERS=${DRIVERS:-loop-ext4 loop-xfs loop-block rbd iscsi}
+PROCS=${PROCS:-3}
+STATE=${STATE:-/var/tmp/spindle-e2e-storage}
+# Not run: [Disruptive] specs restart kubelet or reboot nodes over SSH, and
+# this cluster's one node is this machine; Windows' and SELinux's specs;
+# "any volume data source", which needs the sample volume populator's
+# controller and images (lib-volume-populator), not assembled here.
+SKIP=${SKIP:-'\[Disruptive\]|\[Feature:Windows\]|\[Feature:SELinux\]|should provision storage with any volume data source'}
+phase() { echo "e2e-storage: $1 took $(($2))s"; }
+wants() { [[ " $DRIVERS " == *" $1 "* ]]; }
+
+t=$SECONDS
+"$REPO/hack/install-deps.sh" || exit 1
+E2E_SUITE=1 "$HERE/build.sh" || { echo "e2e-storage: building the cluster failed"; exit 1; }
+make --no-print-directory build >/dev/null || exit 1
+IMAGES_DIR=$STATE/images "$REPO/hack/images.sh" e2e >/dev/null || exit 1
+phase build $((SECONDS - t))
+
+# cleanup: the cluster, then what served its backends.
+kubelet_link=0
+cleanup() {
+  [ "$kubelet_link" = 1 ] && rm -f /var/lib/kubelet/pods
+  "$HERE/down.sh" >/dev/null 2>&1
+  pkill -f "qemu-storage-daemon.*$STATE" 2>/dev/null
+  grep " $STATE" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
+  for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$STATE/" 'index($2, d) == 1 {print $1}'); do losetup -d "$dev"; done
+  "$REPO/hack/tgtd.sh" stop "$STATE/tgtd" >/dev/null 2>&1
+  "$REPO/hack/ceph-down.sh" "$STATE/ceph" >/dev/null 2>&1
+}
+cleanup # what a killed run left behind
+rm -rf "$STATE/reports" "$STATE/testdrivers" "$STATE/iscsi" && mkdir -p "$STATE/reports" "$STATE/testdrivers"
+trap cleanup EXIT
+
+# The suite looks for a pod's volumes in /var/lib/kubelet/pods on the node
+# (from a hostexec pod); the local cluster's kubelet keeps its root in
+# CLUSTER_DIR, so for the run that path is a symlink to it, when nothing
+# else is there.
+kubelet_link=0
+if [ ! -e /var/lib/kubelet/pods ] && [ ! -L /var/lib/kubelet/pods ]; then
+  mkdir -p /var/lib/kubelet && ln -s "$KUBELET_DIR/pods" /var/lib/kubelet/pods && kubelet_link=1
+fi
+
+# --- the backends and the driver's configuration.
+t=$SECONDS
+config=$STATE/spindle.yaml
+cat >"$config" <<YAML
+defaultBackend: loop/default
+backends:
+  - type: loop
+    name: default
+    loop:
+      poolDir: "$POOL_DIR"
+YAML
+if wants rbd; then
+  MON_PORT=3390 MON_V1_PORT=6799 "$REPO/hack/ceph-up.sh" "$STATE/ceph" spindle-e2e >"$STATE/ceph-up.log" 2>&1 ||
+    { echo "e2e-storage: Ceph did not start:"; tail -5 "$STATE/ceph-up.log"; exit 1; }
+  key=$(ceph-authtool -p -n client.admin "$STATE/ceph/ceph.client.admin.keyring")
+  (umask 077 && printf '%s' "$key" >"$STATE/ceph/admin.key")
+  cat >>"$config" <<YAML
+  - type: rbd
+    name: ceph
+    rbd:
+      clusterID: e2e
+      monitors: ["127.0.0.1:3390"]
+      pool: spindle-e2e
+      userID: admin
+      keyFile: "$STATE/ceph/admin.key"
+      mounter: rbd-fuse
+      fuseDir: "$STATE/rbd-fuse"
+      nodeRegistry: true
+YAML
+fi
+if wants iscsi; then
+  "$REPO/hack/tgtd.sh" start "$STATE/tgtd" 3269 || { echo "e2e-storage: tgtd did not start"; exit 1; }
+  mkdir -p "$STATE/iscsi/pool" "$STATE/iscsi/state"
+  cat >>"$config" <<YAML
+  - type: iscsi
+    name: san
+    iscsi:
+      poolDir: "$STATE/iscsi/pool"
+      portals: ["127.0.0.1:3269"]
+      targetTool: tgt
+      tgtControlSocket: "$STATE/tgtd/tgtd.socket"
+      targetPrefix: iqn.2026-01.dev.spindle.e2e
+      initiatorPrefix: iqn.2026-01.dev.spindle.e2e.node
+      attachMode: userspace
+      stateDir: "$STATE/iscsi/state"
+YAML
+fi
+phase backends $((SECONDS - t))
+
+t=$SECONDS
+if ! POOL_FS=xfs SPINDLE_CONFIG=$config DEPLOY=process "$HERE/up.sh"; then
+  echo "e2e-storage: the cluster did not come up; last lines of its logs:"
+  tail -n 5 "$LOGS"/*.log 2>/dev/null
+  exit 1
+fi
+for img in "$STATE"/images/*.tar; do ctr -n k8s.io images import "$img" >/dev/null || exit 1; done
+if wants rbd; then
+  kubectl -n kube-system create secret generic spindle-e2e-rbd --from-literal=userID=admin \
+    --from-file=userKey="$STATE/ceph/admin.key" >/dev/null || exit 1
+fi
+phase up $((SECONDS - t))
+
+# --- one suite run per testdriver, its class paths made absolute.
+failed_runs=0
+summary=()
+for d in $DRIVERS; do
+  src=$REPO/e2e/storage/testdrivers/$d.yaml
+  [ -f "$src" ] || { echo "e2e-storage: no testdriver $src"; failed_runs=$((failed_runs + 1)); continue; }
+  sed "s#FromFile: classes/#FromFile: $REPO/e2e/storage/classes/#" "$src" >"$STATE/testdrivers/$d.yaml"
+  focus='External.Storage'
+  skip=$SKIP
+  # The loop classes split the patterns between them instead of repeating
+  # them: loop-block the block volume-mode ones, loop-xfs the xfs ones,
+  # loop-ext4 all the others.
+  case $d in
+  loop-block) focus='External.Storage.*\(block volmode\)' ;;
+  loop-xfs) focus='External.Storage.*\(xfs\)' ;;
+  loop-ext4) skip="$skip|\(block volmode\)" ;;
+  esac
+  t=$SECONDS
+  log=$STATE/reports/$d.log
+  "$BIN/ginkgo" -p --procs="$PROCS" --focus="$focus" --skip="$skip" --timeout=3h --no-color \
+    --output-dir="$STATE/reports" --junit-report="$d.xml" "$BIN/e2e.test" -- \
+    --kubeconfig="$KUBECONFIG" --storage.testdriver="$STATE/testdrivers/$d.yaml" >"$log" 2>&1
+  rc=$?
+  ran=$(grep -E '^Ran [0-9]+ of [0-9]+ Specs' "$log" | tail -1)
+  result=$(grep -E '(SUCCESS|FAIL)! -- ' "$log" | tail -1)
+  line="e2e-storage ($d): ${ran:-no summary} -- ${result:-see $log}"
+  echo "$line"
+  grep -E '^\s*\[FAIL\]' "$log" | sed 's/^/  /' | sort -u
+  summary+=("$line")
+  [ "$rc" -eq 0 ] && [ -n "$ran" ] || failed_runs=$((failed_runs + 1))
+  phase "suite ($d)" $((SECONDS - t))
+done
+
+echo "e2e-storage: logs and JUnit reports in $STATE/reports"
+printf '%s\n' "${summary[@]}"
+if [ "$failed_runs" -gt 0 ]; then
+  KEEP=1 "$HERE/down.sh" >/dev/null 2>&1
+  rm -rf "$STATE/cluster" && mv "$CLUSTER_DIR" "$STATE/cluster"
+  echo "e2e-storage: $failed_runs of $(wc -w <<<"$DRIVERS") runs failed; the cluster's logs are in $STATE/cluster/logs"
+  exit 1
+fi
