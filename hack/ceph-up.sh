@@ -10,6 +10,10 @@
 # msgr2 and msgr1 ports, so that test packages running in parallel each get
 # a cluster of their own. Every POOL is created (size 1, 8 PGs) and tagged
 # for rbd. The OSD holds at most OSD_BYTES (default 2 GiB) in memory.
+# CEPH_IP (default 127.0.0.1) is the address every daemon binds and the
+# monitor advertises, CEPH_NET (default 127.0.0.0/8, or CEPH_IP/32 for
+# another address) the public network: hack/vm/services.sh runs the cluster
+# in the qemu guests' network namespace on 192.168.77.1.
 # Stop it with hack/ceph-down.sh DIR.
 set -euo pipefail
 D=${1:?usage: $0 DIR [POOL...]}
@@ -17,6 +21,8 @@ shift
 MON_PORT=${MON_PORT:-3300}
 MON_V1_PORT=${MON_V1_PORT:-6789}
 OSD_BYTES=${OSD_BYTES:-2147483648}
+CEPH_IP=${CEPH_IP:-127.0.0.1}
+if [ "$CEPH_IP" = 127.0.0.1 ]; then CEPH_NET=${CEPH_NET:-127.0.0.0/8}; else CEPH_NET=${CEPH_NET:-$CEPH_IP/32}; fi
 export PATH="$PATH:/usr/sbin:/sbin"
 T0=$(date +%s%N)
 step() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[%3d.%03ds] %s\n' $((ms/1000)) $((ms%1000)) "$*"; }
@@ -27,14 +33,14 @@ done
 [ -e "$D/run/mon.a.pid" ] && { echo "ceph-up.sh: a cluster in $D seems to be running; run hack/ceph-down.sh $D first" >&2; exit 1; }
 rm -rf "$D"; mkdir -p "$D"/{run,log,mon.a,mgr.x,osd.0}
 FSID=$(uuidgen)
-MON_ADDR="[v2:127.0.0.1:$MON_PORT,v1:127.0.0.1:$MON_V1_PORT]"
+MON_ADDR="[v2:$CEPH_IP:$MON_PORT,v1:$CEPH_IP:$MON_V1_PORT]"
 cat > "$D/ceph.conf" <<CONF
 [global]
 fsid = $FSID
 mon host = $MON_ADDR
-public addr = 127.0.0.1
-cluster addr = 127.0.0.1
-public network = 127.0.0.0/8
+public addr = $CEPH_IP
+cluster addr = $CEPH_IP
+public network = $CEPH_NET
 ms bind ipv6 = false
 keyring = $D/ceph.client.admin.keyring
 run dir = $D/run

@@ -44,6 +44,14 @@ declare -A needs=(
   [monmaptool]=ceph-common
   [rbd-fuse]=rbd-fuse
   [uuidgen]=uuid-runtime
+  # the qemu guests of `make vmtest` (hack/vm/): qemu itself, mmdebstrap for
+  # the guest's root filesystem, xz to unpack the kernel to a PVH vmlinux.
+  # (qemu-img is above.) The host has no cpio and no kmod; hack/vm/build.sh
+  # uses the guest's static busybox and chroot depmod instead.
+  [qemu-system-x86_64]=qemu-system-x86
+  [mmdebstrap]=mmdebstrap
+  [xz]=xz-utils
+  [ip]=iproute2 # the guests' network namespace and tap
 )
 
 # file -> Debian package, for what is not a program on PATH

@@ -1,6 +1,8 @@
 #!/bin/bash
-# Start or stop a tgtd for tests: listening on 127.0.0.1 only, its control
-# socket, pid file and log in DIR, with no targets (the tests make them).
+# Start or stop a tgtd for tests: listening on 127.0.0.1 only (TGT_ADDR picks
+# another address, e.g. 192.168.77.1 in hack/vm/services.sh's network
+# namespace), its control socket, pid file and log in DIR, with no targets
+# (the tests make them).
 #
 #   hack/tgtd.sh start DIR [PORT]   (PORT defaults to 3260)
 #   hack/tgtd.sh stop DIR
@@ -12,6 +14,7 @@ set -euo pipefail
 op=${1:?usage: $0 start|stop DIR [PORT]}
 D=${2:?usage: $0 start|stop DIR [PORT]}
 PORT=${3:-3260}
+TGT_ADDR=${TGT_ADDR:-127.0.0.1}
 export TGT_IPC_SOCKET=$D/tgtd.socket
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -27,7 +30,7 @@ start)
   mkdir -p "$D"
   rm -f "$D"/tgtd.socket* "$D/tgtd.pid"
   # setsid: the daemon must not get the terminal's or the test's signals.
-  setsid tgtd -f --iscsi portal=127.0.0.1:"$PORT" >"$D/tgtd.log" 2>&1 </dev/null &
+  setsid tgtd -f --iscsi portal="$TGT_ADDR:$PORT" >"$D/tgtd.log" 2>&1 </dev/null &
   echo $! >"$D/tgtd.pid"
   for _ in $(seq 1 200); do
     tgtadm --mode sys --op show >/dev/null 2>&1 && break
@@ -39,7 +42,7 @@ start)
     P=$(cat "$D/tgtd.pid"); alive "$P" && kill -KILL "$P"
     rm -f "$D/tgtd.pid"; exit 1
   fi
-  echo "tgtd pid $(cat "$D/tgtd.pid") on 127.0.0.1:$PORT, control socket $TGT_IPC_SOCKET"
+  echo "tgtd pid $(cat "$D/tgtd.pid") on $TGT_ADDR:$PORT, control socket $TGT_IPC_SOCKET"
   ;;
 stop)
   P=$(cat "$D/tgtd.pid" 2>/dev/null || true)

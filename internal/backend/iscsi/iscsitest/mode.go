@@ -64,8 +64,10 @@ func Require(t testing.TB) Mode {
 	case iscsi.ToolLIO:
 		testutil.RequireCommands(t, "targetcli")
 		requireModules(t, "the LIO target", "target_core_mod", "target_core_file", "iscsi_target_mod")
-		if _, err := os.Stat("/sys/kernel/config/target/iscsi"); err != nil {
-			t.Skipf("LIO's configfs is missing (/sys/kernel/config/target/iscsi): %v", err)
+		// The iscsi fabric directory appears with the first target;
+		// target_core_mod's own directory says configfs is there.
+		if _, err := os.Stat("/sys/kernel/config/target"); err != nil {
+			t.Skipf("LIO's configfs is missing (/sys/kernel/config/target; is configfs mounted?): %v", err)
 		}
 	}
 	switch mode.Attach {
@@ -100,6 +102,9 @@ func requireModules(t testing.TB, what string, modules ...string) {
 // lioTargetIQNs lists LIO's iSCSI targets from configfs.
 func lioTargetIQNs() ([]string, error) {
 	entries, err := os.ReadDir("/sys/kernel/config/target/iscsi")
+	if os.IsNotExist(err) {
+		return nil, nil // the fabric directory comes with the first target
+	}
 	if err != nil {
 		return nil, err
 	}

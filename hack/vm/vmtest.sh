@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# `make vmtest`: the attach paths this machine's kernel lacks, run for real
+# in a qemu guest with Debian's own kernel (hack/vm/build.sh): the iSCSI
+# kernel initiator against tgtd and against LIO, and RBD through krbd and
+# rbd-nbd against a Ceph on this machine (hack/vm/services.sh, reached over
+# a tap in a network namespace), plus online ext4 growth.
+#
+# The test binaries are built here (`go test -c`) and run in the guest from
+# a shared directory, each with the environment that selects its mode
+# (iscsitest.EnvTarget/EnvAttach, rbdtest.EnvMounter/EnvCephDir,
+# sanity.EnvAccess). Every run names its tests: a skipped test is a
+# failure here, since the guest is where nothing may be missing.
+#
+#   VMTEST_DIR   work directory (default /var/tmp/spindle-vmtest; the
+#                guest's logs and reports stay in $VMTEST_DIR/share/out)
+#   MODES        which modes (default "kernel/tgt kernel/lio krbd rbd-nbd loop")
+#
+# Ends with "N passed, M failed" and exits non-zero on any failure.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+VM=$REPO/hack/vm
+WORK=${VMTEST_DIR:-/var/tmp/spindle-vmtest}
+MODES=${MODES:-kernel/tgt kernel/lio krbd rbd-nbd loop}
+SHARE=$WORK/share
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin" LC_ALL=C
+cd "$REPO" || exit 1
+phase() { echo "vmtest: $1 took $(($2))s"; }
+
+t=$SECONDS
+"$REPO/hack/install-deps.sh" || exit 1
+"$VM/build.sh" || { echo "vmtest: the guest did not build"; echo "0 passed, 1 failed"; exit 1; }
+phase "guest build" $((SECONDS - t))
+
+# --- what the guest runs: test binaries, the scripts they start, csi-sanity.
+t=$SECONDS
+rm -rf "$SHARE" && mkdir -p "$SHARE/bin" "$SHARE/repo/hack" "$SHARE/out/reports"
+declare -A packages=(
+  [iscsi]=internal/backend/iscsi [sanity-iscsi]=e2e/sanity/iscsi [lifecycle]=e2e/lifecycle
+  [rbd]=internal/backend/rbd [sanity-rbd]=e2e/sanity/rbd [rbd-e2e]=e2e/rbd
+)
+for name in "${!packages[@]}"; do
+  go test -c -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
+  mkdir -p "$SHARE/repo/${packages[$name]}"
+done
+# The tests find the repository by its go.mod and start tgtd with hack/tgtd.sh.
+cp go.mod "$SHARE/repo/" && cp hack/tgtd.sh "$SHARE/repo/hack/"
+cp "$("$REPO/hack/csi-sanity.sh")" "$SHARE/bin/csi-sanity" || exit 1
+phase "test binaries" $((SECONDS - t))
+
+cleanup() { "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1; }
+trap cleanup EXIT
+t=$SECONDS
+if [[ " $MODES " == *" krbd "* || " $MODES " == *" rbd-nbd "* ]]; then
+  cleanup
+  "$VM/services.sh" up "$WORK/services" || { echo "vmtest: Ceph for the guest did not start"; echo "0 passed, 1 failed"; exit 1; }
+  mkdir -p "$SHARE/ceph" && cp "$WORK/services/ceph.conf" "$WORK/services/ceph.client.admin.keyring" "$WORK/services/services.env" "$SHARE/ceph/"
+fi
+phase services $((SECONDS - t))
+
+# --- the guest's script: one line per run, "RUN <label> <package> <regexp> [VAR=value...]".
+plan=$SHARE/plan
+: >"$plan"
+run() { echo "RUN $*" >>"$plan"; }
+iscsi_tests='^(TestConformance|TestAttachRefusals|TestACLAndCHAPFromTheInitiatorSide)$'
+for mode in $MODES; do
+  case $mode in
+  kernel/tgt | kernel/lio)
+    target=${mode#kernel/} env="SPINDLE_ISCSI_ATTACH=kernel SPINDLE_ISCSI_TARGET=${mode#kernel/}"
+    tests=$iscsi_tests
+    # tgtd forgets its targets when restarted and takes bsoflags; LIO does neither.
+    [ "$target" = tgt ] && tests='^(TestConformance|TestAttachRefusals|TestACLAndCHAPFromTheInitiatorSide|TestReconcileAfterTgtdRestart|TestDirectIOReachesTgt)$'
+    run "iscsi-conformance-$target" iscsi "$tests" $env
+    run "iscsi-sanity-mount-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=mount
+    run "iscsi-sanity-block-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=block
+    run "iscsi-sanity-stock-$target" sanity-iscsi '^TestStockSanityISCSI$' $env
+    run "iscsi-lifecycle-$target" lifecycle '^TestFullLifecycleISCSI$' $env
+    ;;
+  krbd | rbd-nbd)
+    env="SPINDLE_RBD_MOUNTER=$mode SPINDLE_CEPH_DIR=/mnt/share/ceph"
+    run "rbd-conformance-$mode" rbd '^TestConformance$' $env
+    run "rbd-sanity-mount-$mode" sanity-rbd '^TestSanityRBD$' $env SPINDLE_SANITY_ACCESS=mount
+    run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env SPINDLE_SANITY_ACCESS=block
+    run "rbd-lifecycle-$mode" rbd-e2e '^TestDatabaseMovesBetweenNodes$' $env
+    ;;
+  loop)
+    # The loop backend's lifecycle on a real kernel with every capability,
+    # online ext4 growth included (it skips on this machine).
+    run loop-lifecycle lifecycle '^(TestFullLifecycle|TestFormatOnce|TestExpand|TestSnapshotRestore|TestBlockReadOnlyPublish)$'
+    ;;
+  *) echo "vmtest: unknown mode $mode"; exit 2 ;;
+  esac
+done
+cp "$VM/guest-run.sh" "$SHARE/run.sh"
+
+t=$SECONDS
+"$VM/run.sh" "$SHARE" | tee "$WORK/guest.log"
+guest_rc=${PIPESTATUS[0]}
+phase "guest runs" $((SECONDS - t))
+
+# --- the verdict, from the per-run results the guest wrote.
+echo "vmtest: reports:"
+cat "$SHARE"/out/reports/*.txt 2>/dev/null | sed 's/^/  /'
+passed=0 failed=0
+while read -r _ label _; do
+  result=$SHARE/out/$label.result
+  if [ -f "$result" ] && [ "$(cat "$result")" = pass ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "vmtest: FAILED $label ($(cat "$result" 2>/dev/null || echo "no result")); log: $SHARE/out/$label.log"
+  fi
+done <"$plan"
+[ "$guest_rc" -eq 0 ] || [ "$failed" -gt 0 ] || { echo "vmtest: the guest exited $guest_rc"; failed=$((failed + 1)); }
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
