@@ -76,73 +76,106 @@ func Describe(ctx context.Context, client kubernetes.Interface, driver, namespac
 	if err != nil {
 		return nil, err
 	}
-	desc := &Description{Volume: inv.volumeOf(pv), Nodes: []NodeSide{}, Pods: []PodRef{}, Events: []Event{}}
-	if claim != nil {
-		desc.PVC = &Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: string(claim.Status.Phase)}
-		if claim.Spec.StorageClassName != nil {
-			desc.PVC.StorageClass = *claim.Spec.StorageClassName
-		}
-		if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
-			desc.PVC.Requested = q.String()
-		}
-	}
+	desc := &Description{Volume: inv.volumeOf(pv), PVC: claimSummary(claim), Nodes: []NodeSide{}, Pods: []PodRef{}, Events: []Event{}}
 	for _, a := range desc.Volume.Attachments {
-		side := NodeSide{Node: a.Node, Attachment: a}
-		n, err := client.CoreV1().Nodes().Get(ctx, a.Node, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			side.Error = "the node does not exist"
-		case err != nil:
-			side.Error = err.Error()
-		case nodes == nil:
-			side.Error = "node plugins not asked"
-		default:
-			nv, err := nodes.NodeVolumes(ctx, n)
-			if err != nil {
-				side.Error = err.Error()
-				break
-			}
-			for i := range nv.Staged {
-				if nv.Staged[i].VolumeID == pv.Spec.CSI.VolumeHandle {
-					s := nv.Staged[i]
-					side.Staged = &s
-				}
-			}
-			for _, d := range nv.Devices {
-				if d.VolumeID == pv.Spec.CSI.VolumeHandle {
-					side.Devices = append(side.Devices, d)
-				}
-			}
-		}
-		desc.Nodes = append(desc.Nodes, side)
+		desc.Nodes = append(desc.Nodes, nodeSideOf(ctx, client, nodes, a, pv.Spec.CSI.VolumeHandle))
 	}
-
+	// The objects whose events belong to the chain, as Kind/name or
+	// Kind/namespace/name.
 	involved := map[string]bool{"PersistentVolume/" + pv.Name: true}
+	for _, a := range desc.Volume.Attachments {
+		involved["VolumeAttachment/"+a.Name] = true
+	}
 	var eventNamespaces []string
 	if claim != nil {
 		involved["PersistentVolumeClaim/"+claim.Namespace+"/"+claim.Name] = true
 		eventNamespaces = append(eventNamespaces, claim.Namespace)
-		pods, err := client.CoreV1().Pods(claim.Namespace).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("list Pods: %w", err)
+		if desc.Pods, err = podsOfClaim(ctx, client, claim, involved); err != nil {
+			return nil, err
 		}
-		for _, p := range pods.Items {
-			for _, v := range p.Spec.Volumes {
-				if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim.Name {
-					desc.Pods = append(desc.Pods, PodRef{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase)})
-					involved["Pod/"+p.Namespace+"/"+p.Name] = true
-					break
-				}
-			}
-		}
-	}
-	for _, a := range desc.Volume.Attachments {
-		involved["VolumeAttachment/"+a.Name] = true
 	}
 	// Cluster-scoped objects' events land in "default".
 	eventNamespaces = append(eventNamespaces, metav1.NamespaceDefault)
+	if desc.Events, err = eventsOf(ctx, client, eventNamespaces, involved); err != nil {
+		return nil, err
+	}
+	return desc, nil
+}
+
+// claimSummary summarizes the volume's claim; nil without one.
+func claimSummary(claim *corev1.PersistentVolumeClaim) *Claim {
+	if claim == nil {
+		return nil
+	}
+	c := &Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: string(claim.Status.Phase)}
+	if claim.Spec.StorageClassName != nil {
+		c.StorageClass = *claim.Spec.StorageClassName
+	}
+	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
+		c.Requested = q.String()
+	}
+	return c
+}
+
+// nodeSideOf asks the node of attachment a what it holds of the volume.
+func nodeSideOf(ctx context.Context, client kubernetes.Interface, nodes NodePlugins, a Attachment, handle string) NodeSide {
+	side := NodeSide{Node: a.Node, Attachment: a}
+	n, err := client.CoreV1().Nodes().Get(ctx, a.Node, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		side.Error = "the node does not exist"
+		return side
+	case err != nil:
+		side.Error = err.Error()
+		return side
+	case nodes == nil:
+		side.Error = "node plugins not asked"
+		return side
+	}
+	nv, err := nodes.NodeVolumes(ctx, n)
+	if err != nil {
+		side.Error = err.Error()
+		return side
+	}
+	for i := range nv.Staged {
+		if nv.Staged[i].VolumeID == handle {
+			s := nv.Staged[i]
+			side.Staged = &s
+		}
+	}
+	for _, d := range nv.Devices {
+		if d.VolumeID == handle {
+			side.Devices = append(side.Devices, d)
+		}
+	}
+	return side
+}
+
+// podsOfClaim lists the pods that use claim and adds them to involved.
+func podsOfClaim(ctx context.Context, client kubernetes.Interface, claim *corev1.PersistentVolumeClaim, involved map[string]bool) ([]PodRef, error) {
+	pods, err := client.CoreV1().Pods(claim.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list Pods: %w", err)
+	}
+	refs := []PodRef{}
+	for _, p := range pods.Items {
+		for _, v := range p.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim.Name {
+				refs = append(refs, PodRef{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase)})
+				involved["Pod/"+p.Namespace+"/"+p.Name] = true
+				break
+			}
+		}
+	}
+	return refs, nil
+}
+
+// eventsOf collects the events of the involved objects from namespaces,
+// oldest first.
+func eventsOf(ctx context.Context, client kubernetes.Interface, namespaces []string, involved map[string]bool) ([]Event, error) {
+	out := []Event{}
 	seen := map[string]bool{}
-	for _, ns := range eventNamespaces {
+	for _, ns := range namespaces {
 		if seen[ns] {
 			continue
 		}
@@ -156,24 +189,29 @@ func Describe(ctx context.Context, client kubernetes.Interface, driver, namespac
 			if e.InvolvedObject.Namespace != "" {
 				key = e.InvolvedObject.Kind + "/" + e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name
 			}
-			if !involved[key] {
-				continue
+			if involved[key] {
+				out = append(out, eventOf(&e))
 			}
-			last := e.LastTimestamp.Time
-			if last.IsZero() {
-				last = e.EventTime.Time
-			}
-			if last.IsZero() {
-				last = e.CreationTimestamp.Time
-			}
-			desc.Events = append(desc.Events, Event{
-				Object: strings.ToLower(e.InvolvedObject.Kind) + "/" + e.InvolvedObject.Name,
-				Type:   e.Type, Reason: e.Reason, Message: e.Message, Count: e.Count, LastSeen: last,
-			})
 		}
 	}
-	sort.SliceStable(desc.Events, func(i, j int) bool { return desc.Events[i].LastSeen.Before(desc.Events[j].LastSeen) })
-	return desc, nil
+	sort.SliceStable(out, func(i, j int) bool { return out[i].LastSeen.Before(out[j].LastSeen) })
+	return out, nil
+}
+
+// eventOf is one event as describe shows it; an event's time is the last
+// it was seen, else when it happened, else when it was recorded.
+func eventOf(e *corev1.Event) Event {
+	last := e.LastTimestamp.Time
+	if last.IsZero() {
+		last = e.EventTime.Time
+	}
+	if last.IsZero() {
+		last = e.CreationTimestamp.Time
+	}
+	return Event{
+		Object: strings.ToLower(e.InvolvedObject.Kind) + "/" + e.InvolvedObject.Name,
+		Type:   e.Type, Reason: e.Reason, Message: e.Message, Count: e.Count, LastSeen: last,
+	}
 }
 
 // resolve finds the PV (and its claim, if any) that what names.

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"path"
 	"regexp"
 	"sort"
 	"strings"
@@ -15,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
 )
 
@@ -218,7 +219,7 @@ func (d *doctor) checkImages(ctx context.Context) {
 	imgs, err := d.o.Controller.Images(ctx)
 	if err != nil {
 		d.add(Finding{Kind: FindingControllerUnreachable, Object: "controller", Message: err.Error(),
-			Fix: "kubectl get pods -A -l app.kubernetes.io/name=spindle -o wide   # is the controller running, with --metrics-address?"})
+			Fix: unreachableFix(err, "kubectl get pods -A -l app.kubernetes.io/name=spindle,app.kubernetes.io/component=controller -o wide   # is the controller running, with --metrics-address?")})
 		return
 	}
 	known := map[string]map[string]bool{} // instance key -> volume IDs
@@ -287,12 +288,22 @@ func (d *doctor) checkNodes(ctx context.Context, client kubernetes.Interface) er
 		nv, err := d.o.Nodes.NodeVolumes(ctx, n)
 		if err != nil {
 			d.add(Finding{Kind: FindingNodePluginUnreachable, Object: "node/" + name, Node: name, Message: err.Error(),
-				Fix: fmt.Sprintf("kubectl get pods -A -o wide --field-selector spec.nodeName=%s | grep spindle   # is the node plugin running with --metrics-address?", name)})
+				Fix: unreachableFix(err, fmt.Sprintf("kubectl get pods -A -o wide --field-selector spec.nodeName=%s | grep spindle   # is the node plugin running with --metrics-address?", name))})
 			continue
 		}
 		d.checkNode(name, nv, explained[name])
 	}
 	return nil
+}
+
+// unreachableFix is the fix for an endpoint that could not be read: the
+// RBAC rule that is missing when that was the reason, else fallback.
+func unreachableFix(err error, fallback string) string {
+	var pe *PermissionError
+	if errors.As(err, &pe) {
+		return pe.Fix()
+	}
+	return fallback
 }
 
 func (d *doctor) checkNode(name string, nv *opsapi.NodeVolumes, explained map[string]bool) {
@@ -364,7 +375,7 @@ func cleanupStagingCommand(s opsapi.StagedVolume) string {
 	if s.DeviceState == opsapi.DeviceStateAttached {
 		steps = append(steps, detachCommand(s.Backend, s.Device))
 	}
-	steps = append(steps, "rm "+node.StageRecordPath(s.StagingPath))
+	steps = append(steps, "rm "+stageRecordPath(s.StagingPath))
 	return strings.Join(steps, " && ")
 }
 
@@ -382,4 +393,14 @@ func printFindings(w io.Writer, findings []Finding) {
 		fmt.Fprintf(w, "[%s] %s: %s\n  fix: %s\n", f.Kind, where, f.Message, f.Fix)
 	}
 	fmt.Fprintf(w, "%d problem(s) found. doctor changes nothing; the fixes are for you to run.\n", len(findings))
+}
+
+// stageRecordPath is where the node plugin keeps the record of a stage,
+// as internal/node.StageRecordPath says (a test pins the two together).
+// Not that function itself: internal/node builds on Linux only, and the
+// plugin runs on the operators' machines, whatever they are; the path is
+// a Linux path on the node, hence package path and not filepath.
+func stageRecordPath(stagingPath string) string {
+	clean := path.Clean(stagingPath)
+	return path.Join(path.Dir(clean), path.Base(clean)+".spindle-stage.json")
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
 )
 
@@ -258,5 +259,18 @@ func TestPrintFindings(t *testing.T) {
 	printFindings(&b, nil)
 	if b.String() != "No problems found.\n" {
 		t.Errorf("printFindings(nil) = %q", b.String())
+	}
+}
+
+// doctor's fixes name the stage record the node plugin really keeps.
+func TestStageRecordPathIsTheNodes(t *testing.T) {
+	for _, p := range []string{
+		"/var/lib/kubelet/plugins/kubernetes.io/csi/spindle.csi.dev/abc/globalmount",
+		"/var/lib/kubelet/plugins/kubernetes.io/csi/spindle.csi.dev/abc/globalmount/",
+		"/data/kubelet//plugins/x/../y/globalmount",
+	} {
+		if got, want := stageRecordPath(p), node.StageRecordPath(p); got != want {
+			t.Errorf("stageRecordPath(%q) = %q, the node plugin's is %q", p, got, want)
+		}
 	}
 }

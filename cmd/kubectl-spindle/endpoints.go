@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,8 +15,8 @@ import (
 )
 
 // NodeAddressAnnotation on a Node names its node plugin's metrics address
-// (host:port), for clusters where the plugin is not on the node's
-// InternalIP and the default port.
+// (host:port), for a plugin that does not run in the chart's pods (which
+// the plugin finds through the API server by itself).
 const NodeAddressAnnotation = "spindle.csi.dev/metrics-address"
 
 // NodePlugins fetches a node plugin's /volumes document.
@@ -31,30 +29,27 @@ type Controller interface {
 	Images(ctx context.Context) (*opsapi.Images, error)
 }
 
-// httpNodePlugins finds a node plugin at, in order: an --node-address
-// override for the node, the node's NodeAddressAnnotation, the node's
-// InternalIP on --node-port (the chart's node plugin runs with
-// hostNetwork and --metrics-address=:<port>).
-type httpNodePlugins struct {
+// nodePlugins finds a node's plugin at, in order: an --node-address
+// override for the node, the node's NodeAddressAnnotation (both read
+// directly over HTTP, for plugins outside the chart), else through the API
+// server's proxy to the node's plugin pod (the chart's deployment, whatever
+// its network: no node IP, no hostNetwork, no open port needed).
+type nodePlugins struct {
 	client    *http.Client
 	overrides map[string]string // node name -> host:port or URL
-	port      int
+	proxy     NodePlugins       // nil: only direct addresses
 }
 
-// nodeURL is where node's plugin serves its endpoints.
-func (h *httpNodePlugins) nodeURL(node *corev1.Node) (string, error) {
+// directURL is where an override or annotation says node's plugin serves
+// its endpoints; "" when neither does.
+func (h *nodePlugins) directURL(node *corev1.Node) string {
 	if addr, ok := h.overrides[node.Name]; ok {
-		return baseURL(addr), nil
+		return baseURL(addr)
 	}
 	if addr := node.Annotations[NodeAddressAnnotation]; addr != "" {
-		return baseURL(addr), nil
+		return baseURL(addr)
 	}
-	for _, a := range node.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			return "http://" + net.JoinHostPort(a.Address, strconv.Itoa(h.port)), nil
-		}
-	}
-	return "", fmt.Errorf("node %s has no InternalIP; give its plugin's address with --node-address=%s=HOST:PORT", node.Name, node.Name)
+	return ""
 }
 
 func baseURL(addr string) string {
@@ -64,10 +59,13 @@ func baseURL(addr string) string {
 	return "http://" + addr
 }
 
-func (h *httpNodePlugins) NodeVolumes(ctx context.Context, node *corev1.Node) (*opsapi.NodeVolumes, error) {
-	base, err := h.nodeURL(node)
-	if err != nil {
-		return nil, err
+func (h *nodePlugins) NodeVolumes(ctx context.Context, node *corev1.Node) (*opsapi.NodeVolumes, error) {
+	base := h.directURL(node)
+	if base == "" {
+		if h.proxy == nil {
+			return nil, fmt.Errorf("node %s: no --node-address for it and no way through the API server", node.Name)
+		}
+		return h.proxy.NodeVolumes(ctx, node)
 	}
 	var nv opsapi.NodeVolumes
 	if err := getJSON(ctx, h.client, base+opsapi.PathVolumes, &nv); err != nil {
@@ -76,6 +74,7 @@ func (h *httpNodePlugins) NodeVolumes(ctx context.Context, node *corev1.Node) (*
 	return &nv, nil
 }
 
+// httpController reads /images from --controller-url directly.
 type httpController struct {
 	client *http.Client
 	url    string

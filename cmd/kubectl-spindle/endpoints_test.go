@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,31 +14,37 @@ import (
 	"github.com/spindle-csi/spindle/internal/opsapi"
 )
 
-func TestNodeURL(t *testing.T) {
-	h := &httpNodePlugins{overrides: map[string]string{"node-o": "127.0.0.1:19808"}, port: 9808}
+// An override or the node's annotation is read directly; any other node
+// goes through the API server (proxy).
+func TestNodePluginsDirectURL(t *testing.T) {
+	h := &nodePlugins{overrides: map[string]string{"node-o": "127.0.0.1:19808", "node-u": "https://plugin.example:7000/"}}
 	annotated := readyNode("node-a", true)
 	annotated.Annotations = map[string]string{NodeAddressAnnotation: "192.168.1.5:7000"}
-	noIP := readyNode("node-x", true)
-	noIP.Status.Addresses = nil
 	tests := []struct {
 		node *corev1.Node
 		want string
 	}{
 		{readyNode("node-o", true), "http://127.0.0.1:19808"},
+		{readyNode("node-u", true), "https://plugin.example:7000"},
 		{annotated, "http://192.168.1.5:7000"},
-		{readyNode("node-1", true), "http://10.0.0.1:9808"},
+		{readyNode("node-1", true), ""},
 	}
 	for _, tt := range tests {
-		if got, err := h.nodeURL(tt.node); err != nil || got != tt.want {
-			t.Errorf("nodeURL(%s) = %q, %v; want %q", tt.node.Name, got, err, tt.want)
+		if got := h.directURL(tt.node); got != tt.want {
+			t.Errorf("directURL(%s) = %q; want %q", tt.node.Name, got, tt.want)
 		}
-	}
-	if _, err := h.nodeURL(noIP); err == nil || !strings.Contains(err.Error(), "--node-address=node-x=") {
-		t.Errorf("nodeURL of a node without an InternalIP: %v; want advice on --node-address", err)
 	}
 }
 
-func TestHTTPNodePlugins(t *testing.T) {
+// proxyCalls records the nodes nodePlugins handed to the proxy.
+type proxyCalls struct{ nodes []string }
+
+func (p *proxyCalls) NodeVolumes(_ context.Context, n *corev1.Node) (*opsapi.NodeVolumes, error) {
+	p.nodes = append(p.nodes, n.Name)
+	return nil, errors.New("through the proxy")
+}
+
+func TestNodePlugins(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != opsapi.PathVolumes {
 			http.NotFound(w, r)
@@ -46,10 +53,14 @@ func TestHTTPNodePlugins(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(healthyNode())
 	}))
 	t.Cleanup(srv.Close)
-	h := &httpNodePlugins{client: srv.Client(), overrides: map[string]string{"node-1": srv.URL}}
+	proxy := &proxyCalls{}
+	h := &nodePlugins{client: srv.Client(), overrides: map[string]string{"node-1": srv.URL}, proxy: proxy}
 	nv, err := h.NodeVolumes(context.Background(), readyNode("node-1", true))
 	if err != nil || len(nv.Staged) != 1 || nv.Staged[0].Device != "/dev/loop3" {
 		t.Fatalf("NodeVolumes = %+v, %v", nv, err)
+	}
+	if _, err := h.NodeVolumes(context.Background(), readyNode("node-2", true)); err == nil || strings.Join(proxy.nodes, ",") != "node-2" {
+		t.Errorf("node-2 without an override: %v, proxy asked for %v; want the proxy's answer for node-2", err, proxy.nodes)
 	}
 	c := &httpController{client: srv.Client(), url: srv.URL}
 	if _, err := c.Images(context.Background()); err == nil || !strings.Contains(err.Error(), "404") {

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -134,37 +133,6 @@ func TestSplitHandle(t *testing.T) {
 		b, i, img := splitHandle(handle)
 		if [3]string{b, i, img} != want {
 			t.Errorf("splitHandle(%q) = %q %q %q, want %q", handle, b, i, img, want)
-		}
-	}
-}
-
-// run with -o json prints the same volumes as the table, as JSON.
-func TestRunVolumesJSON(t *testing.T) {
-	client := fake.NewClientset(volumesCluster()...)
-	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"volumes", "-o", "json", "-n", "apps"}, &stdout, &stderr, func(options) (*clients, error) {
-		return &clients{kube: client, namespace: "default", now: now}, nil
-	})
-	if code != exitOK {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	var vols []Volume
-	if err := json.Unmarshal(stdout.Bytes(), &vols); err != nil {
-		t.Fatalf("%v\n%s", err, stdout.String())
-	}
-	if len(vols) != 1 || vols[0].PV != "pvc-a" || len(vols[0].Attachments) != 2 || vols[0].Attachments[0].Metadata["imagePath"] != "/pool/pvc-a.img" {
-		t.Errorf("volumes -n apps -o json = %+v", vols)
-	}
-}
-
-func TestRunRejectsBadUsage(t *testing.T) {
-	for _, args := range [][]string{{"volumes", "-o", "wide"}, {"nonsense"}, {"describe"}, {}} {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), args, &stdout, &stderr, func(options) (*clients, error) {
-			return &clients{kube: fake.NewClientset(), now: now}, nil
-		})
-		if code != exitError || stderr.Len() == 0 {
-			t.Errorf("run %q = %d with stderr %q; want %d and a complaint", args, code, stderr.String(), exitError)
 		}
 	}
 }

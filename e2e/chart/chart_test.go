@@ -1,7 +1,6 @@
 package chart
 
 import (
-	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 
+	// The backends register their config decoders, which config.LoadFile needs.
+	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"github.com/spindle-csi/spindle/internal/config"
 )
 
@@ -133,6 +134,7 @@ func TestTemplate(t *testing.T) {
 			checkConfig(t, r, c.want)
 			checkClasses(t, r)
 			checkEveryContainer(t, r, c.want)
+			checkMetrics(t, r)
 		})
 	}
 }

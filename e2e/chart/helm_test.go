@@ -226,6 +226,10 @@ func decodeAll(t *testing.T, r *rendering) {
 			v = &policyv1.PodDisruptionBudget{}
 		case "VolumeSnapshotClass":
 			v = &volumeSnapshotClass{}
+		case "Service":
+			v = &corev1.Service{}
+		case "ServiceMonitor":
+			v = &serviceMonitor{}
 		default:
 			t.Errorf("unexpected kind %s (%s) rendered", o.Kind, o.Name)
 			continue

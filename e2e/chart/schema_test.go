@@ -46,6 +46,9 @@ func TestSchemaRejects(t *testing.T) {
 		{name: "log level", sets: []string{"driver.logLevel=trace"}, want: "/driver/logLevel"},
 		{name: "inlined cephx key", sets: []string{"storageClasses[0].name=a", "storageClasses[0].parameters.userKey=AQBx"}, want: "invalid propertyName 'userKey'"},
 		{name: "inlined CHAP password", yaml: "storageClasses:\n  - name: a\n    parameters: {node.session.auth.password: s3cret}\n", want: "invalid propertyName"},
+		{name: "unknown metrics Service key", sets: []string{"driver.metrics.service.port=9000"}, want: "'port' not allowed"},
+		{name: "unknown ServiceMonitor key", sets: []string{"driver.metrics.serviceMonitor.namespace=monitoring"}, want: "'namespace' not allowed"},
+		{name: "ServiceMonitor interval", sets: []string{"driver.metrics.serviceMonitor.interval=30"}, want: "/driver/metrics/serviceMonitor/interval"},
 		{name: "inlined snapshot secret", yaml: "volumeSnapshotClasses:\n  - name: a\n    parameters: {token: x}\n", want: "invalid propertyName 'token'"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

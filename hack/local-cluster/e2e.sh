@@ -44,8 +44,12 @@ for deploy in ${DEPLOYS:-process helm}; do
   # every rendering through the apiserver's dry run, every sidecar flag
   # known to the sidecar binaries.
   [ "$deploy" = helm ] && packages+=(./e2e/chart/)
+  # The operators' view through the API server's pod proxy needs the
+  # chart's pods; with the driver as host processes there are none.
+  skip=()
+  [ "$deploy" = process ] && skip=(-skip '^TestOperatorViewThroughAPIServerProxy$')
   SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE SPINDLE_HELM=$("$REPO/hack/helm.sh") \
-    go test -count=1 -v -timeout 30m "${packages[@]}" 2>&1 | tee "$out"
+    go test -count=1 -v -timeout 30m "${skip[@]}" "${packages[@]}" 2>&1 | tee "$out"
   phase "tests ($deploy)" $((SECONDS - t))
   passed=$(grep -c '^--- PASS' "$out")
   failed=$(grep -c '^--- FAIL' "$out")
