@@ -41,7 +41,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 SUITE=${VM_SUITE:-bookworm}
-IMAGE_SIZE=8G   # sparse; the overlay of each run grows only with what it writes
+IMAGE_SIZE=32G  # sparse; the overlay of each run grows only with what it writes
 GUEST_IQN=iqn.2026-01.dev.spindle:vm-guest
 PACKAGES=(
   systemd systemd-sysv udev dbus kmod util-linux mount procps psmisc

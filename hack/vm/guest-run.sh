@@ -7,7 +7,8 @@ set -u
 cd "$(dirname "$0")" || exit 1
 SHARE=$PWD
 export PATH="$PATH:/usr/sbin:/sbin" LC_ALL=C
-export SPINDLE_CSI_SANITY=$SHARE/bin/csi-sanity SPINDLE_REPORT_DIR=$SHARE/out/reports
+SPINDLE_CSI_SANITY=$(ls "$SHARE"/bin/csi-sanity-*/csi-sanity 2>/dev/null | head -1)
+export SPINDLE_CSI_SANITY SPINDLE_REPORT_DIR=$SHARE/out/reports
 [ -f ceph/services.env ] && { set -a; . ceph/services.env; set +a; }
 # The host's Ceph monitor, for rbdtest (services.env names it).
 export SPINDLE_CEPH_MON=${SPINDLE_CEPH_MON:-${CEPH_MON:-}}

@@ -44,7 +44,10 @@ for name in "${!packages[@]}"; do
 done
 # The tests find the repository by its go.mod and start tgtd with hack/tgtd.sh.
 cp go.mod "$SHARE/repo/" && cp hack/tgtd.sh "$SHARE/repo/hack/"
-cp "$("$REPO/hack/csi-sanity.sh")" "$SHARE/bin/csi-sanity" || exit 1
+# In a directory named like the original's: reports name the version by it.
+csi_sanity=$("$REPO/hack/csi-sanity.sh") || exit 1
+mkdir -p "$SHARE/bin/$(basename "$(dirname "$csi_sanity")")"
+cp "$csi_sanity" "$SHARE/bin/$(basename "$(dirname "$csi_sanity")")/csi-sanity" || exit 1
 phase "test binaries" $((SECONDS - t))
 
 cleanup() { "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1; }
@@ -93,7 +96,8 @@ done
 cp "$VM/guest-run.sh" "$SHARE/run.sh"
 
 t=$SECONDS
-"$VM/run.sh" "$SHARE" | tee "$WORK/guest.log"
+# The runs take long under emulation (run.sh's own default is 30 minutes).
+TIMEOUT=${TIMEOUT:-14400} "$VM/run.sh" "$SHARE" | tee "$WORK/guest.log"
 guest_rc=${PIPESTATUS[0]}
 phase "guest runs" $((SECONDS - t))
 
