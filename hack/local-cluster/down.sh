@@ -24,11 +24,20 @@ if [ -f "$RUN/sysctl.saved" ]; then
   while read -r setting; do sysctl -q -w "$setting"; done <"$RUN/sysctl.saved"
 fi
 ip link del "$POD_BRIDGE" 2>/dev/null
-# Mounts, deepest first; then the loop devices of the pool.
-grep " $CLUSTER_DIR" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
 # Every loop device on a file of the cluster: the pool's images, and the
-# pool's own filesystem image (POOL_FS).
-for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$CLUSTER_DIR/" 'index($2, d) == 1 {print $1}' | sort -r); do losetup -d "$dev"; done
+# pool's own filesystem image (POOL_FS). Once before the unmounts, while
+# the images' paths still name the pool (a busy device detaches when its
+# last user goes: autoclear), and once after, for the pool's own image.
+detach_loops() {
+  local dev
+  for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$CLUSTER_DIR/" 'index($2, d) == 1 {print $1}' | sort -r); do
+    losetup -d "$dev" 2>/dev/null
+  done
+}
+detach_loops
+# Mounts, deepest first.
+grep " $CLUSTER_DIR" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
+detach_loops
 # kubelet's cgroups (cgroupfs driver), every hierarchy.
 for c in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
   [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null

@@ -51,8 +51,15 @@ phase build $((SECONDS - t))
 cleanup() {
   "$HERE/down.sh" >/dev/null 2>&1
   pkill -f "qemu-storage-daemon.*$STATE" 2>/dev/null
-  grep " $STATE" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
-  for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$STATE/" 'index($2, d) == 1 {print $1}'); do losetup -d "$dev"; done
+  # Loop devices before and after the unmounts: before, while their
+  # backing files' paths still name $STATE (a busy one detaches when
+  # released); after, for the iSCSI pool's own image.
+  local pass dev
+  for pass in before after; do
+    [ "$pass" = after ] && grep " $STATE" /proc/self/mountinfo | awk '{print $5}' | sort -r |
+      while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
+    for dev in $(losetup -n -O NAME,BACK-FILE 2>/dev/null | awk -v d="$STATE/" 'index($2, d) == 1 {print $1}'); do losetup -d "$dev" 2>/dev/null; done
+  done
   "$REPO/hack/tgtd.sh" stop "$STATE/tgtd" >/dev/null 2>&1
   "$REPO/hack/ceph-down.sh" "$STATE/ceph" >/dev/null 2>&1
 }
