@@ -219,7 +219,8 @@ func (k *kernel) connectVia(ctx context.Context, s session, portal string, refs 
 		refs[s.IQN] = t
 	}
 	fresh := len(t.LUNs) == 0
-	if !slices.Contains(t.LUNs, s.LUN) {
+	counted := slices.Contains(t.LUNs, s.LUN)
+	if !counted {
 		t.LUNs = append(t.LUNs, s.LUN)
 		slices.Sort(t.LUNs)
 	}
@@ -227,12 +228,13 @@ func (k *kernel) connectVia(ctx context.Context, s session, portal string, refs 
 		return nil, err
 	}
 	d, err := k.provenDevice(ctx, s, portal, fresh)
-	if err != nil {
+	if err != nil && !counted {
 		// Leave nothing behind: a LUN that did not prove itself is not
-		// counted, and a login made for it alone is undone.
+		// counted, and a login made for it alone is undone. (A LUN that
+		// was already attached stays counted: its user still has it.)
 		return nil, errors.Join(err, k.forget(ctx, refs, s.IQN, s.LUN))
 	}
-	return d, nil
+	return d, err
 }
 
 // provenDevice waits for the LUN's disk and proves it by its serial.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -236,6 +237,30 @@ func TestKernelSerialMismatch(t *testing.T) {
 	testutil.WantKind(t, err, errdefs.ErrNotFound, "sdd")
 	if refs, err := k.readRefs(); err != nil || len(refs) != 0 {
 		t.Fatalf("session counts after a refused LUN = %v (%v), want none", refs, err)
+	}
+}
+
+// A LUN already attached on this node stays counted, and its session up,
+// when a second attach of it is refused (here: read-only over read-write).
+func TestKernelRefusedReattachKeepsTheCount(t *testing.T) {
+	n := newFakeNode(t, true)
+	n.disk(t, "sdg", kIQN, 1, kSerial)
+	k := n.kernel(t,
+		iscsiadm("-m", "iface", "-I", "spindle", "-o", "show").Prints("iface.initiatorname = "+kInit+"\n"),
+		iscsiadm("-m", "discovery", "-t", "sendtargets", "-p", kPortal, "-I", "spindle").Prints(kPortal+",1 "+kIQN+"\n"),
+		iscsiadm(nodeArgs("-o", "update", "-n", "node.session.auth.authmethod", "-v", "None")...),
+		iscsiadm(nodeArgs("--login")...).Exits(15, "iscsiadm: default: 1 session requested, but 1 already present.\niscsiadm: Could not log into all portals"),
+	)
+	if err := k.writeRefs(sessionRefs{kIQN: {Portal: kPortal, LUNs: []int{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	readOnly := kSession(nil)
+	readOnly.ReadOnly = true
+	_, err := k.Connect(t.Context(), readOnly)
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "read-only=false")
+	refs, err := k.readRefs()
+	if err != nil || refs[kIQN] == nil || !slices.Equal(refs[kIQN].LUNs, []int{1}) {
+		t.Fatalf("session counts after a refused re-attach = %v (%v), want LUN 1 still counted", refs, err)
 	}
 }
 
