@@ -97,15 +97,16 @@ e2e() {
   # busybox with every applet, under each name and tag.
   mapfile -t shell_images < <(grep -E '^registry.k8s.io/e2e-test-images/(busybox|glibc-dns-testing|nginx):' <<<"$list")
   agnhost_tag=$(grep '^registry.k8s.io/e2e-test-images/agnhost:' <<<"$list" | sort -V | tail -1)
-  # Every applet but dd: the suite writes with `dd oflag=nocache`, which
-  # busybox's dd refuses, so the image carries this machine's GNU dd and
-  # the libraries it loads.
-  local applets=() a lib
+  # Every applet but dd and sh: the suite writes with `dd oflag=nocache`,
+  # which busybox's dd refuses, so the image carries this machine's GNU dd;
+  # and busybox's sh runs its own applets before anything on PATH, so the
+  # shell is dash. Both with the libraries they load.
+  local applets=() a lib prog
   for a in $("$bb" --list); do
-    case $a in busybox | dd) ;; *) applets+=(-symlink "/bin/$a:/bin/busybox") ;; esac
+    case $a in busybox | dd | sh) ;; *) applets+=(-symlink "/bin/$a:/bin/busybox") ;; esac
   done
-  applets+=(-file "$(command -v dd):/bin/dd")
-  for lib in $(ldd "$(command -v dd)" | grep -o '/[^ ]*'); do
+  applets+=(-file "$(command -v dd):/bin/dd" -file "$(readlink -f "$(command -v dash)"):/bin/sh")
+  for lib in $(ldd "$(command -v dd)" "$(command -v dash)" | grep -o '^\s[^ ]*\( => [^ ]*\)\?' | grep -o '/[^ ]*$' | sort -u); do
     applets+=(-file "$(readlink -f "$lib"):$lib")
   done
   local t name
