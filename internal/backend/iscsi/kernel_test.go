@@ -127,17 +127,24 @@ func TestKernelConnectSequence(t *testing.T) {
 	}
 }
 
+// loginToExistingSession is the exact sequence of a login without CHAP to
+// a target this node already has a session with: the iface as it is,
+// discovery, the node record, and "session exists" (15).
+func loginToExistingSession() []*commandtest.Step {
+	return []*commandtest.Step{
+		iscsiadm("-m", "iface", "-I", "spindle", "-o", "show").Prints("# BEGIN RECORD 2.1.8\niface.iscsi_ifacename = spindle\niface.initiatorname = " + kInit + "\n# END RECORD\n"),
+		iscsiadm("-m", "discovery", "-t", "sendtargets", "-p", kPortal, "-I", "spindle").Prints(kPortal + ",1 " + kIQN + "\n"),
+		iscsiadm(nodeArgs("-o", "update", "-n", "node.session.auth.authmethod", "-v", "None")...),
+		iscsiadm(nodeArgs("--login")...).Exits(15, "iscsiadm: default: 1 session requested, but 1 already present.\niscsiadm: Could not log into all portals"),
+	}
+}
+
 // A second volume's login reuses the iface as it is, and an existing
 // session ("session exists", 15) is no failure.
 func TestKernelConnectReusesIfaceAndSession(t *testing.T) {
 	n := newFakeNode(t, true)
 	n.disk(t, "sdc", kIQN, 1, kSerial)
-	k := n.kernel(t,
-		iscsiadm("-m", "iface", "-I", "spindle", "-o", "show").Prints("# BEGIN RECORD 2.1.8\niface.iscsi_ifacename = spindle\niface.initiatorname = "+kInit+"\n# END RECORD\n"),
-		iscsiadm("-m", "discovery", "-t", "sendtargets", "-p", kPortal, "-I", "spindle").Prints(kPortal+",1 "+kIQN+"\n"),
-		iscsiadm(nodeArgs("-o", "update", "-n", "node.session.auth.authmethod", "-v", "None")...),
-		iscsiadm(nodeArgs("--login")...).Exits(15, "iscsiadm: default: 1 session requested, but 1 already present.\niscsiadm: Could not log into all portals"),
-	)
+	k := n.kernel(t, loginToExistingSession()...)
 	if _, err := k.Connect(t.Context(), kSession(nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -245,12 +252,7 @@ func TestKernelSerialMismatch(t *testing.T) {
 func TestKernelRefusedReattachKeepsTheCount(t *testing.T) {
 	n := newFakeNode(t, true)
 	n.disk(t, "sdg", kIQN, 1, kSerial)
-	k := n.kernel(t,
-		iscsiadm("-m", "iface", "-I", "spindle", "-o", "show").Prints("iface.initiatorname = "+kInit+"\n"),
-		iscsiadm("-m", "discovery", "-t", "sendtargets", "-p", kPortal, "-I", "spindle").Prints(kPortal+",1 "+kIQN+"\n"),
-		iscsiadm(nodeArgs("-o", "update", "-n", "node.session.auth.authmethod", "-v", "None")...),
-		iscsiadm(nodeArgs("--login")...).Exits(15, "iscsiadm: default: 1 session requested, but 1 already present.\niscsiadm: Could not log into all portals"),
-	)
+	k := n.kernel(t, loginToExistingSession()...)
 	if err := k.writeRefs(sessionRefs{kIQN: {Portal: kPortal, LUNs: []int{1}}}); err != nil {
 		t.Fatal(err)
 	}
