@@ -100,13 +100,15 @@ e2e() {
   # Every applet but dd and sh: the suite writes with `dd oflag=nocache`,
   # which busybox's dd refuses, so the image carries this machine's GNU dd;
   # and busybox's sh runs its own applets before anything on PATH, so the
-  # shell is dash. Both with the libraries they load.
+  # shell is bash (not dash: the suite's volumeIO init container counts
+  # with `let`, which dash lacks, and loops for ever). Both with the
+  # libraries they load.
   local applets=() a lib prog
   for a in $("$bb" --list); do
     case $a in busybox | dd | sh) ;; *) applets+=(-symlink "/bin/$a:/bin/busybox") ;; esac
   done
-  applets+=(-file "$(command -v dd):/bin/dd" -file "$(readlink -f "$(command -v dash)"):/bin/sh")
-  for lib in $(ldd "$(command -v dd)" "$(command -v dash)" | grep -o '^\s[^ ]*\( => [^ ]*\)\?' | grep -o '/[^ ]*$' | sort -u); do
+  applets+=(-file "$(command -v dd):/bin/dd" -file "$(readlink -f "$(command -v bash)"):/bin/sh")
+  for lib in $(ldd "$(command -v dd)" "$(command -v bash)" | grep -o '^\s[^ ]*\( => [^ ]*\)\?' | grep -o '/[^ ]*$' | sort -u); do
     applets+=(-file "$(readlink -f "$lib"):$lib")
   done
   local t name
