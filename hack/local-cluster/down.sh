@@ -20,6 +20,11 @@ for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
 done
 # containerd-shim processes outlive containerd by design.
 pkill -9 -f "containerd-shim.*$CLUSTER_DIR" 2>/dev/null
+# Containers whose shim and containerd were killed first (a run killed
+# mid-way) are orphans now, and may hold a volume's mount open; their
+# pods' cgroups still list them.
+find /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null |
+  sort -u | xargs -r kill -9 2>/dev/null
 if [ -f "$RUN/sysctl.saved" ]; then
   while read -r setting; do sysctl -q -w "$setting"; done <"$RUN/sysctl.saved"
 fi
