@@ -34,6 +34,48 @@ type cluster struct {
 	keyRoot string // parent of the per-call key directories ("" = os.TempDir())
 }
 
+// Prefixes of the private temporary directories calls make under keyRoot:
+// one for a call's cephx key, one for a node-registry read.
+const (
+	keyDirPrefix  = "spindle-rbd-key-"
+	nodeDirPrefix = "spindle-rbd-node-"
+)
+
+// staleKeyDirAge is how old such a directory must be to be the leftover of
+// a process killed in the middle of a call: a call lasts at most
+// callTimeout (rbd-fuse reads its key file when it starts, within it).
+const staleKeyDirAge = 10 * callTimeout
+
+// removeStaleKeyDirs removes the key and node-registry directories under
+// root (os.TempDir() when empty) that a killed driver left: a cephx key
+// must not outlive its call on the node's disk. Directories of calls that
+// may still run, in this process or another driver on the machine, are
+// younger than staleKeyDirAge and stay. It returns what it removed.
+func removeStaleKeyDirs(root string, now time.Time) []string {
+	if root == "" {
+		root = os.TempDir()
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	var removed []string
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() || (!strings.HasPrefix(name, keyDirPrefix) && !strings.HasPrefix(name, nodeDirPrefix)) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || now.Sub(info.ModTime()) < staleKeyDirAge {
+			continue
+		}
+		if os.RemoveAll(filepath.Join(root, name)) == nil {
+			removed = append(removed, filepath.Join(root, name))
+		}
+	}
+	return removed
+}
+
 // credentials is one call's cephx identity: the user and a file holding
 // the key. cleanup removes what was written.
 type credentials struct {
@@ -55,7 +97,7 @@ func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
 		if !userIDRe.MatchString(user) {
 			return nil, errdefs.InvalidArgument("CSI secret %s is not a cephx user name (without the \"client.\" prefix)", SecretUserID)
 		}
-		dir, err := os.MkdirTemp(c.keyRoot, "spindle-rbd-key-")
+		dir, err := os.MkdirTemp(c.keyRoot, keyDirPrefix)
 		if err != nil {
 			return nil, fmt.Errorf("create a private directory for the cephx key: %w", err)
 		}

@@ -45,7 +45,7 @@ func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo
 		defer s.nodesMu.Unlock()
 		return s.nodes[nodeID], nil
 	}
-	dir, err := os.MkdirTemp(s.c.keyRoot, "spindle-rbd-node-")
+	dir, err := os.MkdirTemp(s.c.keyRoot, nodeDirPrefix)
 	if err != nil {
 		return backend.NodeInfo{}, err
 	}

@@ -12,6 +12,7 @@ package rbd
 
 import (
 	"path/filepath"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/blockdev"
@@ -26,6 +27,7 @@ func init() {
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
 	cfg = cfg.withDefaults()
 	c := &cluster{cfg: cfg, run: run}
+	removeStaleKeyDirs(c.keyRoot, time.Now())
 	var m mapper
 	switch cfg.Mounter {
 	case MounterFuse:
