@@ -7,7 +7,8 @@
 #   make chart-test  the Helm chart's tests only (builds helm, cached)
 #   make images  the driver and sidecar images as tarballs in build/images
 #                (hack/images.sh; the sidecars need hack/local-cluster/build.sh)
-#   make bench   driver vs plain commands, per-RPC latency, load (root)
+#   make bench   driver vs plain commands, per-RPC latency, load; the data
+#                path (fio) per backend and attach mode (root)
 #   make e2e     a real local Kubernetes (hack/local-cluster) with Spindle and
 #                its sidecars; the Kubernetes e2e tests against it (root)
 #
@@ -71,8 +72,13 @@ images:
 demo: deps build
 	$(GO) run ./e2e/cmd/spindle-demo --driver $(BIN)/spindle
 
+# The control path (spindle-bench), then the data path: fio on a published
+# volume against the storage under it, one line per mode and workload
+# (e2e/datapath; DATAPATH picks the backends, SPINDLE_BENCH_FIO_* the jobs).
+DATAPATH ?= loop iscsi rbd
 bench: deps build
 	$(GO) run ./e2e/cmd/spindle-bench --driver $(BIN)/spindle $(BENCH_ARGS)
+	$(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m $(addprefix ./e2e/datapath/,$(DATAPATH))
 
 # Builds (cached), brings the cluster up, runs e2e/kubernetes, always brings
 # it down; ends with "N passed, M failed".

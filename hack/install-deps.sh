@@ -52,6 +52,9 @@ declare -A needs=(
   [mmdebstrap]=mmdebstrap
   [xz]=xz-utils
   [ip]=iproute2 # the guests' network namespace and tap
+  # `make bench`'s data path: fio on published volumes and on what backs
+  # them (Debian's fio has the rbd engine)
+  [fio]=fio
 )
 
 # file -> Debian package, for what is not a program on PATH

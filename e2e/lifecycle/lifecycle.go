@@ -35,6 +35,7 @@ const (
 	StepDeleteSnapshot      = "DeleteSnapshot"
 	StepControllerExpand    = "ControllerExpandVolume"
 	StepNodeExpand          = "NodeExpandVolume"
+	StepModify              = "ControllerModifyVolume"
 )
 
 // Observer is told about every RPC the Client makes.
@@ -259,6 +260,17 @@ func (c *Client) ControllerExpand(ctx context.Context, v *Volume, size int64) er
 		}
 		v.CapacityBytes = resp.GetCapacityBytes()
 		return nil
+	})
+}
+
+// Modify sets v's mutable parameters, as the external-resizer does when a
+// PVC's VolumeAttributesClass changes.
+func (c *Client) Modify(ctx context.Context, v *Volume, params map[string]string) error {
+	return c.call(ctx, StepModify, v.ID, func(ctx context.Context) error {
+		_, err := c.Driver.Controller.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{
+			VolumeId: v.ID, MutableParameters: params, Secrets: c.Secrets,
+		})
+		return err
 	})
 }
 
