@@ -162,8 +162,7 @@ func Run(ctx context.Context, s Settings, w Workload, side Side) (Result, error)
 	}, side.Args...)
 	ctx, cancel := context.WithTimeout(ctx, s.Runtime+10*time.Minute) // the layout of a first run is slow on emulated disks
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "fio", args...)
-	cmd.Env = append(append(os.Environ(), "LC_ALL=C"), side.Env...)
+	cmd := fio(ctx, side, args)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -180,12 +179,17 @@ func Fill(ctx context.Context, s Settings, side Side) error {
 	args := append([]string{"--name=fill", "--rw=write", "--bs=4M", "--iodepth=8", "--size=" + s.Size}, side.Args...)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "fio", args...)
-	cmd.Env = append(append(os.Environ(), "LC_ALL=C"), side.Env...)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := fio(ctx, side, args).CombinedOutput(); err != nil {
 		return fmt.Errorf("fio fill of %s: %v: %s", side.Name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// fio is the fio command for a job on side, in the C locale.
+func fio(ctx context.Context, side Side, args []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "fio", args...)
+	cmd.Env = append(append(os.Environ(), "LC_ALL=C"), side.Env...)
+	return cmd
 }
 
 // fioOutput is the part of fio's JSON report read here.
