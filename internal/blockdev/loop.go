@@ -93,7 +93,12 @@ func (l *losetup) Attach(ctx context.Context, file string, readOnly, directIO bo
 		args = append(args, "--read-only")
 	}
 	args = append(args, file)
+	release, err := acquireFindSlot(ctx)
+	if err != nil {
+		return "", err
+	}
 	out, err := l.run.Run(ctx, "losetup", args...)
+	release()
 	if err != nil {
 		if strings.Contains(command.Stderr(err), "could not find any free loop device") {
 			return "", errdefs.Wrap(errdefs.ErrExhausted, err, "no free loop device on this node")
@@ -105,6 +110,26 @@ func (l *losetup) Attach(ctx context.Context, file string, readOnly, directIO bo
 		return "", fmt.Errorf("losetup printed %q, not a loop device", dev)
 	}
 	return dev, nil
+}
+
+// findSlot lets one "losetup --find" of this process run at a time.
+// Concurrent ones are all handed the same free device by the kernel
+// (LOOP_CTL_GET_FREE); every one but the first then fails to bind it and
+// losetup sleeps 200 ms before it looks again, so a node staging many
+// volumes at once spent most of each stage asleep: 40 parallel attaches
+// took 2.1 s on a 2-core machine where the same 40 in a row took 0.33 s.
+// One at a time, each takes milliseconds. (Another program's losetup can
+// still collide with ours; losetup's own retry covers that.)
+var findSlot = make(chan struct{}, 1)
+
+// acquireFindSlot waits for findSlot until ctx ends.
+func acquireFindSlot(ctx context.Context) (release func(), err error) {
+	select {
+	case findSlot <- struct{}{}:
+		return func() { <-findSlot }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for another loop device attach on this node: %w", ctx.Err())
+	}
 }
 
 func (l *losetup) Detach(ctx context.Context, dev string) error {

@@ -1,12 +1,14 @@
 package blockdev
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
@@ -86,6 +88,24 @@ func TestLosetupAttach(t *testing.T) {
 				t.Fatalf("error kind = %v, want %v", errdefs.KindOf(err), tt.kind)
 			}
 		})
+	}
+}
+
+// While another attach of this process looks for a free device, an
+// attach waits for it instead of racing it for the same device, and gives
+// up when its context ends, without running losetup.
+func TestLosetupAttachWaitsForAnotherFind(t *testing.T) {
+	findSlot <- struct{}{} // another attach is looking for a device
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err := scripted(t).Attach(ctx, "/pool/a.img", false, true)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Attach while another find runs = %v, want it to wait until its deadline", err)
+	}
+	<-findSlot // the other attach is done
+	l := scripted(t, commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "/pool/a.img").Prints("/dev/loop3\n"))
+	if dev, err := l.Attach(t.Context(), "/pool/a.img", false, true); err != nil || dev != "/dev/loop3" {
+		t.Fatalf("Attach after the other find = %q, %v", dev, err)
 	}
 }
 
