@@ -117,6 +117,8 @@ mounts are private can run them). */}}
 - --leader-election
 - --leader-election-namespace=$(NAMESPACE)
 - --timeout={{ $.Values.controller.timeout }}
+- --kube-api-qps={{ $.Values.controller.kubeAPIQPS }}
+- --kube-api-burst={{ $.Values.controller.kubeAPIBurst }}
 {{- end -}}
 
 {{/* The Secrets a controller sidecar reads for the driver, from the
