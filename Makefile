@@ -11,6 +11,9 @@
 #                path (fio) per backend and attach mode (root)
 #   make e2e     a real local Kubernetes (hack/local-cluster) with Spindle and
 #                its sidecars; the Kubernetes e2e tests against it (root)
+#   make bench-k8s  100 PVCs and 100 pods applied at once on the local
+#                Kubernetes (the chart's deployment): time to Running,
+#                attach/mount latency, time to delete (root)
 #
 # Each target installs the system packages it needs (hack/install-deps.sh).
 
@@ -23,7 +26,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench e2e e2e-storage vmtest cluster-up cluster-down clean
+.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-storage vmtest cluster-up cluster-down clean
 
 all: build
 
@@ -79,6 +82,13 @@ DATAPATH ?= loop iscsi rbd
 bench: deps build
 	$(GO) run ./e2e/cmd/spindle-bench --driver $(BIN)/spindle $(BENCH_ARGS)
 	$(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m $(addprefix ./e2e/datapath/,$(DATAPATH))
+
+# Builds (cached), brings the cluster up with the chart (DEPLOY=helm), runs
+# e2e/cmd/spindle-bench-k8s (BENCH_K8S_ARGS="-pods 50 -size 128Mi" tunes it),
+# always brings it down; prints figures and asserts nothing about time.
+BENCH_K8S_ARGS ?=
+bench-k8s: deps
+	hack/local-cluster/bench-k8s.sh $(BENCH_K8S_ARGS)
 
 # Builds (cached), brings the cluster up, runs e2e/kubernetes, always brings
 # it down; ends with "N passed, M failed".
