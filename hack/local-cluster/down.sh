@@ -29,6 +29,12 @@ if [ -f "$RUN/sysctl.saved" ]; then
   while read -r setting; do sysctl -q -w "$setting"; done <"$RUN/sysctl.saved"
 fi
 ip link del "$POD_BRIDGE" 2>/dev/null
+# The pods' network namespaces (the CNI bridge plugin's cni-<uuid>): a run
+# killed before kubelet tore its sandboxes down leaves them behind, and no
+# process is in them now that every container above is gone.
+for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
+  [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && ip netns del "$ns" 2>/dev/null
+done
 # Every loop device on a file of the cluster: the pool's images, and the
 # pool's own filesystem image (POOL_FS). Once before the unmounts, while
 # the images' paths still name the pool (a busy device detaches when its
