@@ -52,6 +52,7 @@ declare -A needs=(
   [mmdebstrap]=mmdebstrap
   [xz]=xz-utils
   [ip]=iproute2 # the guests' network namespace and tap
+  [socat]=socat # the host-side controllers' gRPC, reached by the guests over TCP
   # `make bench`'s data path: fio on published volumes and on what backs
   # them (Debian's fio has the rbd engine)
   [fio]=fio

@@ -65,7 +65,17 @@ type Config struct {
 	// MutableParameters are valid ControllerModifyVolume parameters
 	// (the loop backend's directIO when nil).
 	MutableParameters map[string]string
+	// ControllerAddress, when set, is another driver's controller
+	// service (a gRPC target such as 192.168.77.1:7000); the driver
+	// started here then runs the node service alone (see EnvController).
+	ControllerAddress string
 }
+
+// EnvController names, for the RBD and iSCSI runs, a controller service
+// that runs elsewhere: `make vmtest` keeps the controller (and its many
+// rbd and target-tool calls) on the host, where they are not emulated,
+// and runs only the node side in the guest, as a cluster does.
+const EnvController = "SPINDLE_SANITY_CONTROLLER"
 
 // EnvAccess selects the access type of the in-process runs of backends
 // that have one test package (iSCSI, RBD): ginkgo runs one suite per
@@ -98,11 +108,13 @@ func Run(t *testing.T, c Config) {
 		c.MutableParameters = map[string]string{"directIO": "false"}
 	}
 	accessType, nodeLocal := c.AccessType, c.NodeLocal
-	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal, Config: c.BackendConfig})
+	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal, Config: c.BackendConfig,
+		NodeOnly: c.ControllerAddress != ""})
 	dir := harness.TempDir(t)
 
 	cfg := sanity.NewTestConfig()
 	cfg.Address = "unix://" + drv.Socket
+	cfg.ControllerAddress = c.ControllerAddress
 	cfg.TargetPath = filepath.Join(dir, "target")
 	cfg.StagingPath = filepath.Join(dir, "staging")
 	cfg.TestVolumeAccessType = accessType

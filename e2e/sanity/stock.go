@@ -36,6 +36,9 @@ type StockConfig struct {
 	Mode string
 	// Secrets, when set, go to every call through --csi.secrets.
 	Secrets map[string]string
+	// ControllerEndpoint, when set, is another driver's controller
+	// service (--csi.controllerendpoint; see EnvController).
+	ControllerEndpoint string
 }
 
 // stockLock serialises stock runs across test processes: they all use
@@ -77,6 +80,9 @@ func RunStock(t *testing.T, binary string, c StockConfig) {
 	defer func() { _ = unix.Flock(int(lock.Fd()), unix.LOCK_UN) }()
 
 	args := []string{"--csi.endpoint=" + c.Socket}
+	if c.ControllerEndpoint != "" {
+		args = append(args, "--csi.controllerendpoint="+c.ControllerEndpoint)
+	}
 	if c.AccessType == "block" {
 		args = append(args, "--csi.testvolumeaccesstype=block")
 	}

@@ -50,13 +50,63 @@ mkdir -p "$SHARE/bin/$(basename "$(dirname "$csi_sanity")")"
 cp "$csi_sanity" "$SHARE/bin/$(basename "$(dirname "$csi_sanity")")/csi-sanity" || exit 1
 phase "test binaries" $((SECONDS - t))
 
-cleanup() { "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1; }
+# RBD's controller services run here, one per mounter (publish_context
+# names it), as a cluster runs them away from the nodes: under emulation
+# each of their many rbd calls would cost seconds. The guest's tests run
+# the node service alone and reach these over TCP (socat, in the guests'
+# network namespace, in front of each controller's unix socket).
+declare -A controller_ports=([krbd]=7001 [rbd-nbd]=7002)
+stop_controllers() {
+  local pid
+  for pid in "$WORK"/controller-*/*.pid; do
+    [ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null
+    rm -f "$pid"
+  done
+  return 0
+}
+start_controller() { # mounter
+  local mounter=$1 dir=$WORK/controller-$1 i
+  rm -rf "$dir" && mkdir -p "$dir"
+  cat >"$dir/config.yaml" <<CONFIG
+defaultBackend: rbd/ceph-test
+backends:
+  - type: rbd
+    name: ceph-test
+    rbd:
+      clusterID: test
+      monitors: ["$CEPH_MON"]
+      pool: $CEPH_POOL
+      userID: $CEPH_USER
+      keyFile: $WORK/services/client.admin.key
+      mounter: $mounter
+      nodeRegistry: true
+CONFIG
+  ip netns exec "$VM_NETNS" "$REPO/bin/spindle" --mode controller --endpoint "unix://$dir/csi.sock" \
+    --config "$dir/config.yaml" --log-format json >"$dir/driver.log" 2>&1 &
+  echo $! >"$dir/driver.pid"
+  for i in $(seq 50); do [ -S "$dir/csi.sock" ] && break; sleep 0.2; done
+  [ -S "$dir/csi.sock" ] || { echo "vmtest: the $mounter controller did not start:"; tail -5 "$dir/driver.log"; return 1; }
+  ip netns exec "$VM_NETNS" socat "TCP-LISTEN:${controller_ports[$mounter]},bind=$VM_HOST_IP,fork,reuseaddr" \
+    "UNIX-CONNECT:$dir/csi.sock" >"$dir/socat.log" 2>&1 &
+  echo $! >"$dir/socat.pid"
+}
+cleanup() {
+  stop_controllers
+  "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1
+}
 trap cleanup EXIT
 t=$SECONDS
 if [[ " $MODES " == *" krbd "* || " $MODES " == *" rbd-nbd "* ]]; then
   cleanup
   "$VM/services.sh" up "$WORK/services" || { echo "vmtest: Ceph for the guest did not start"; echo "0 passed, 1 failed"; exit 1; }
   mkdir -p "$SHARE/ceph" && cp "$WORK/services/ceph.conf" "$WORK/services/ceph.client.admin.keyring" "$WORK/services/services.env" "$SHARE/ceph/"
+  # shellcheck disable=SC1091 # written by services.sh up
+  . "$WORK/services/services.env"
+  make --no-print-directory build >/dev/null || exit 1
+  for mounter in krbd rbd-nbd; do
+    [[ " $MODES " == *" $mounter "* ]] || continue
+    start_controller "$mounter" || { echo "0 passed, 1 failed"; exit 1; }
+  done
 fi
 phase services $((SECONDS - t))
 
@@ -80,9 +130,11 @@ for mode in $MODES; do
     ;;
   krbd | rbd-nbd)
     env="SPINDLE_RBD_MOUNTER=$mode SPINDLE_CEPH_DIR=/mnt/share/ceph"
+    controller="SPINDLE_SANITY_CONTROLLER=$VM_HOST_IP:${controller_ports[$mode]}"
     run "rbd-conformance-$mode" rbd '^TestConformance$' $env
-    run "rbd-sanity-mount-$mode" sanity-rbd '^TestSanityRBD$' $env SPINDLE_SANITY_ACCESS=mount
-    run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env SPINDLE_SANITY_ACCESS=block
+    run "rbd-sanity-mount-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=mount
+    run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=block
+    run "rbd-sanity-stock-$mode" sanity-rbd '^TestStockSanityRBD$' $env $controller SPINDLE_STOCK_SANITY_RBD=1
     run "rbd-lifecycle-$mode" rbd-e2e '^TestDatabaseMovesBetweenNodes$' $env
     ;;
   loop)

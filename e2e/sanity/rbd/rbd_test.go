@@ -33,6 +33,7 @@ func TestSanityRBD(t *testing.T) {
 		BackendConfig:     cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse")),
 		Secrets:           cl.Secrets(),
 		MutableParameters: map[string]string{"mapOptions": "noudev"},
+		ControllerAddress: os.Getenv(sanity.EnvController),
 	})
 }
 
@@ -51,10 +52,12 @@ func TestStockSanityRBD(t *testing.T) {
 			t.Errorf("empty the pool: %v", err)
 		}
 	})
-	drv := harness.Start(t, harness.Options{Config: cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse"))})
+	controller := os.Getenv(sanity.EnvController)
+	drv := harness.Start(t, harness.Options{Config: cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse")), NodeOnly: controller != ""})
 	for _, access := range []string{"mount", "block"} {
 		t.Run(access, func(t *testing.T) {
-			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "rbd", Mode: cl.Mounter, Secrets: cl.Secrets()})
+			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "rbd", Mode: cl.Mounter, Secrets: cl.Secrets(),
+				ControllerEndpoint: controller})
 		})
 	}
 }
