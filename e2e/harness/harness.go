@@ -77,10 +77,6 @@ type Options struct {
 	// NodeID defaults to NodeID; two drivers with different node IDs
 	// play two nodes on one host.
 	NodeID string
-	// NodeOnly runs the node service alone (--mode node), for runs whose
-	// controller is another driver: `make vmtest` keeps the controller on
-	// the host and only the node side in the emulated guest.
-	NodeOnly bool
 	// AllowedPathRoots are the driver's --allowed-path-root directories,
 	// besides its --kubelet-dir; nil allows the system's temporary
 	// directory, where tests make their staging and target paths.
@@ -115,9 +111,6 @@ func Start(t testing.TB, o Options) *Driver {
 		LogLevel:          "info",
 		KubeletDir:        filepath.Join(dir, "kubelet"),
 		AllowedPathRoots:  o.AllowedPathRoots,
-	}
-	if o.NodeOnly {
-		opts.Mode = config.ModeNode
 	}
 	if opts.AllowedPathRoots == nil {
 		opts.AllowedPathRoots = []string{os.TempDir()}

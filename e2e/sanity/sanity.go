@@ -66,15 +66,16 @@ type Config struct {
 	// (the loop backend's directIO when nil).
 	MutableParameters map[string]string
 	// ControllerAddress, when set, is another driver's controller
-	// service (a gRPC target such as 192.168.77.1:7000); the driver
-	// started here then runs the node service alone (see EnvController).
+	// service (a gRPC target such as 192.168.77.1:7000) that gets every
+	// Controller RPC (see EnvController).
 	ControllerAddress string
 }
 
 // EnvController names, for the RBD and iSCSI runs, a controller service
 // that runs elsewhere: `make vmtest` keeps the controller (and its many
 // rbd and target-tool calls) on the host, where they are not emulated,
-// and runs only the node side in the guest, as a cluster does.
+// and sends the guest's driver only Node and Identity RPCs, as a cluster
+// does.
 const EnvController = "SPINDLE_SANITY_CONTROLLER"
 
 // EnvAccess selects the access type of the in-process runs of backends
@@ -108,8 +109,12 @@ func Run(t *testing.T, c Config) {
 		c.MutableParameters = map[string]string{"directIO": "false"}
 	}
 	accessType, nodeLocal := c.AccessType, c.NodeLocal
-	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal, Config: c.BackendConfig,
-		NodeOnly: c.ControllerAddress != ""})
+	// With ControllerAddress set the driver started here still runs both
+	// services, though the suite sends every Controller RPC to the other
+	// one: csi-sanity (v5.6.0, node.go) asks the node endpoint's Identity
+	// whether the plugin has a controller, and without CONTROLLER_SERVICE
+	// there it stages volumes it never published, which Spindle refuses.
+	drv := harness.Start(t, harness.Options{MaxVolumesPerNode: attachLimit, NodeLocal: nodeLocal, Config: c.BackendConfig})
 	dir := harness.TempDir(t)
 
 	cfg := sanity.NewTestConfig()

@@ -53,6 +53,8 @@ PACKAGES=(
   libiscsi-bin
   # Ceph RBD: rbd CLI (krbd map) and rbd-nbd
   ceph-common rbd-nbd
+  # rbd-fuse: the RBD tests write into images with it (rbdtest.WriteImage)
+  rbd-fuse
 )
 # targetcli-fb opens the D-Bus system bus before anything else (for
 # tcmu-runner) and fails every command without one: hence dbus above.

@@ -52,8 +52,8 @@ phase "test binaries" $((SECONDS - t))
 
 # RBD's controller services run here, one per mounter (publish_context
 # names it), as a cluster runs them away from the nodes: under emulation
-# each of their many rbd calls would cost seconds. The guest's tests run
-# the node service alone and reach these over TCP (socat, in the guests'
+# each of their many rbd calls would cost seconds. The guest's sanity
+# runs send every Controller RPC to these, over TCP (socat, in the guests'
 # network namespace, in front of each controller's unix socket).
 declare -A controller_ports=([krbd]=7001 [rbd-nbd]=7002)
 stop_controllers() {

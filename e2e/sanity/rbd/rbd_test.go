@@ -53,7 +53,8 @@ func TestStockSanityRBD(t *testing.T) {
 		}
 	})
 	controller := os.Getenv(sanity.EnvController)
-	drv := harness.Start(t, harness.Options{Config: cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse")), NodeOnly: controller != ""})
+	// Both services here even with a controller elsewhere: see sanity.Run.
+	drv := harness.Start(t, harness.Options{Config: cl.DriverConfig(filepath.Join(harness.TempDir(t), "fuse"))})
 	for _, access := range []string{"mount", "block"} {
 		t.Run(access, func(t *testing.T) {
 			sanity.RunStock(t, csiSanity, sanity.StockConfig{Socket: drv.Socket, AccessType: access, Backend: "rbd", Mode: cl.Mounter, Secrets: cl.Secrets(),
