@@ -65,7 +65,7 @@ stop_controllers() {
   return 0
 }
 start_controller() { # mounter
-  local mounter=$1 dir=$WORK/controller-$1 i
+  local mounter=$1 dir=$WORK/controller-$1
   rm -rf "$dir" && mkdir -p "$dir"
   cat >"$dir/config.yaml" <<CONFIG
 defaultBackend: rbd/ceph-test
@@ -84,7 +84,7 @@ CONFIG
   ip netns exec "$VM_NETNS" "$REPO/bin/spindle" --mode controller --endpoint "unix://$dir/csi.sock" \
     --config "$dir/config.yaml" --log-format json >"$dir/driver.log" 2>&1 &
   echo $! >"$dir/driver.pid"
-  for i in $(seq 50); do [ -S "$dir/csi.sock" ] && break; sleep 0.2; done
+  for _ in $(seq 50); do [ -S "$dir/csi.sock" ] && break; sleep 0.2; done
   [ -S "$dir/csi.sock" ] || { echo "vmtest: the $mounter controller did not start:"; tail -5 "$dir/driver.log"; return 1; }
   ip netns exec "$VM_NETNS" socat "TCP-LISTEN:${controller_ports[$mounter]},bind=$VM_HOST_IP,fork,reuseaddr" \
     "UNIX-CONNECT:$dir/csi.sock" >"$dir/socat.log" 2>&1 &
@@ -95,6 +95,9 @@ cleanup() {
   "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1
 }
 trap cleanup EXIT
+# A killed run still stops its controllers and Ceph (exit runs the EXIT trap).
+trap "exit 143" TERM
+trap "exit 130" INT
 t=$SECONDS
 if [[ " $MODES " == *" krbd "* || " $MODES " == *" rbd-nbd "* ]]; then
   cleanup
