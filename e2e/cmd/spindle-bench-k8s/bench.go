@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -146,6 +147,12 @@ func (b *bench) applyPhase(ctx context.Context) error {
 // apply creates claim i, then pod i, for every i, with o.parallel
 // requests in flight: the cluster sees them all at once.
 func (b *bench) apply(ctx context.Context) error {
+	return b.eachName(func(name string) error { return b.createPair(ctx, name) })
+}
+
+// eachName calls fn for every name with o.parallel calls in flight and
+// returns every error.
+func (b *bench) eachName(fn func(name string) error) error {
 	names := b.names()
 	errs := make([]error, len(names))
 	sem := make(chan struct{}, b.o.parallel)
@@ -155,16 +162,11 @@ func (b *bench) apply(ctx context.Context) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			errs[i] = b.createPair(ctx, name)
+			errs[i] = fn(name)
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (b *bench) createPair(ctx context.Context, name string) error {

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,30 +41,19 @@ func (b *bench) deletePhase(ctx context.Context) error {
 // deleteAll deletes pod i, then claim i, for every i, with o.parallel
 // requests in flight; what is already gone is no error.
 func (b *bench) deleteAll(ctx context.Context) error {
-	names := b.names()
-	errs := make([]error, len(names))
-	sem := make(chan struct{}, b.o.parallel)
-	var wg sync.WaitGroup
-	for i, name := range names {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			cctx, cancel := context.WithTimeout(ctx, apiTimeout)
-			defer cancel()
-			err := b.client.CoreV1().Pods(b.o.namespace).Delete(cctx, name, metav1.DeleteOptions{})
-			if err != nil && !apierrors.IsNotFound(err) {
-				errs[i] = fmt.Errorf("delete pod %s: %w", name, err)
-				return
-			}
-			err = b.client.CoreV1().PersistentVolumeClaims(b.o.namespace).Delete(cctx, name, metav1.DeleteOptions{})
-			if err != nil && !apierrors.IsNotFound(err) {
-				errs[i] = fmt.Errorf("delete PVC %s: %w", name, err)
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return b.eachName(func(name string) error {
+		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		err := b.client.CoreV1().Pods(b.o.namespace).Delete(cctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete pod %s: %w", name, err)
+		}
+		err = b.client.CoreV1().PersistentVolumeClaims(b.o.namespace).Delete(cctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete PVC %s: %w", name, err)
+		}
+		return nil
+	})
 }
 
 // milestones are when each kind of object was all gone, after the delete.
