@@ -96,6 +96,7 @@ func Start(t testing.TB, o Options) *Driver {
 	if o.Logger == nil {
 		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
+	o.Logger = recordLatencies(t, o.Logger)
 	socket := filepath.Join(dir, "csi.sock")
 	if o.NodeID == "" {
 		o.NodeID = NodeID

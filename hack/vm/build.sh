@@ -55,6 +55,8 @@ PACKAGES=(
   ceph-common rbd-nbd
   # rbd-fuse: the RBD tests write into images with it (rbdtest.WriteImage)
   rbd-fuse
+  # fio: the data-path benchmarks (e2e/datapath) on the kernel attach paths
+  fio
 )
 # targetcli-fb opens the D-Bus system bus before anything else (for
 # tcmu-runner) and fails every command without one: hence dbus above.

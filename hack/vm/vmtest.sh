@@ -14,6 +14,11 @@
 #   VMTEST_DIR   work directory (default /var/tmp/spindle-vmtest; the
 #                guest's logs and reports stay in $VMTEST_DIR/share/out)
 #   MODES        which modes (default "kernel/tgt kernel/lio krbd rbd-nbd loop")
+#   RUNS         an extended regexp: only the runs whose label matches it
+#                (e.g. 'sanity-stock|lifecycle'); the labels are
+#                <backend>-<what>-<mode>, listed in $VMTEST_DIR/share/plan
+#   DATAPATH     "1" adds each kernel mode's data-path benchmark
+#                (e2e/datapath, fio; prints `datapath <mode> ...` lines)
 #
 # Ends with "N passed, M failed" and exits non-zero on any failure.
 set -uo pipefail
@@ -37,6 +42,7 @@ rm -rf "$SHARE" && mkdir -p "$SHARE/bin" "$SHARE/repo/hack" "$SHARE/out/reports"
 declare -A packages=(
   [iscsi]=internal/backend/iscsi [sanity-iscsi]=e2e/sanity/iscsi [lifecycle]=e2e/lifecycle
   [rbd]=internal/backend/rbd [sanity-rbd]=e2e/sanity/rbd [rbd-e2e]=e2e/rbd
+  [datapath-iscsi]=e2e/datapath/iscsi [datapath-rbd]=e2e/datapath/rbd
 )
 for name in "${!packages[@]}"; do
   go test -c -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
@@ -116,7 +122,9 @@ phase services $((SECONDS - t))
 # --- the guest's script: one line per run, "RUN <label> <package> <regexp> [VAR=value...]".
 plan=$SHARE/plan
 : >"$plan"
-run() { echo "RUN $*" >>"$plan"; }
+run() { [[ $1 =~ ${RUNS:-.} ]] && echo "RUN $*" >>"$plan"; return 0; }
+# The data path under emulation: small and short, compared within the guest only.
+datapath_env="SPINDLE_BENCH_FIO_SIZE=${VMTEST_FIO_SIZE:-256M} SPINDLE_BENCH_FIO_RUNTIME=5 SPINDLE_BENCH_FIO_RUNS=3"
 iscsi_tests='^(TestConformance|TestAttachRefusals|TestACLAndCHAPFromTheInitiatorSide)$'
 for mode in $MODES; do
   case $mode in
@@ -130,6 +138,7 @@ for mode in $MODES; do
     run "iscsi-sanity-block-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=block
     run "iscsi-sanity-stock-$target" sanity-iscsi '^TestStockSanityISCSI$' $env
     run "iscsi-lifecycle-$target" lifecycle '^TestFullLifecycleISCSI$' $env
+    [ "${DATAPATH:-}" = 1 ] && run "datapath-iscsi-$target" datapath-iscsi '^BenchmarkDataPathISCSI$' $env $datapath_env
     ;;
   krbd | rbd-nbd)
     env="SPINDLE_RBD_MOUNTER=$mode SPINDLE_CEPH_DIR=/mnt/share/ceph"
@@ -139,6 +148,7 @@ for mode in $MODES; do
     run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=block
     run "rbd-sanity-stock-$mode" sanity-rbd '^TestStockSanityRBD$' $env $controller SPINDLE_STOCK_SANITY_RBD=1
     run "rbd-lifecycle-$mode" rbd-e2e '^TestDatabaseMovesBetweenNodes$' $env
+    [ "${DATAPATH:-}" = 1 ] && run "datapath-rbd-$mode" datapath-rbd '^BenchmarkDataPathRBD$' $env $datapath_env
     ;;
   loop)
     # The loop backend's lifecycle on a real kernel with every capability,
@@ -148,6 +158,7 @@ for mode in $MODES; do
   *) echo "vmtest: unknown mode $mode"; exit 2 ;;
   esac
 done
+[ -s "$plan" ] || { echo "vmtest: no run matches MODES=\"$MODES\" RUNS=\"${RUNS:-}\""; echo "0 passed, 1 failed"; exit 2; }
 cp "$VM/guest-run.sh" "$SHARE/run.sh"
 
 t=$SECONDS
