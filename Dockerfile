@@ -15,10 +15,11 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 FROM debian:trixie-slim
 # e2fsprogs, xfsprogs, btrfs-progs: mkfs, fsck, grow; util-linux and mount:
 # losetup, blkid, mount, findmnt; open-iscsi: iscsiadm; ceph-common: rbd;
-# kmod: modprobe for krbd and iscsi_tcp.
+# rbd-nbd and rbd-fuse: the other two RBD mounters; kmod: modprobe, with
+# which the node plugin loads rbd or nbd (mount the host's /lib/modules).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common kmod ca-certificates \
+       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/spindle /usr/local/bin/spindle
 ENTRYPOINT ["/usr/local/bin/spindle"]

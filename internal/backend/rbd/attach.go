@@ -23,7 +23,7 @@ type mapper interface {
 	// Refresh makes dev see its image's current size and returns it.
 	Refresh(ctx context.Context, dev string) (int64, error)
 	// Available reports whether this node can map images this way.
-	Available() error
+	Available(ctx context.Context) error
 }
 
 // mapped is one device of an image.
@@ -168,4 +168,4 @@ func (t *transport) Refresh(ctx context.Context, _, devicePath string) (int64, e
 }
 
 // Available implements backend.Transport: this node can map images.
-func (t *transport) Available(context.Context) error { return t.m.Available() }
+func (t *transport) Available(ctx context.Context) error { return t.m.Available(ctx) }

@@ -249,7 +249,7 @@ func (f *fuseMapper) Refresh(ctx context.Context, dev string) (int64, error) {
 }
 
 // Available: FUSE, rbd-fuse and loop devices are there.
-func (f *fuseMapper) Available() error {
+func (f *fuseMapper) Available(context.Context) error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return errdefs.Precondition("this node cannot map RBD images with rbd-fuse: /dev/fuse is missing")
 	}

@@ -2,6 +2,7 @@ package rbd
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,12 @@ rbd: rbd-nbd failed with error: /usr/bin/rbd-nbd: exit status: 1`
 	krbdNotMapped = `rbd: '/dev/rbd0' is not a block device
 rbd: unmap failed: (22) Invalid argument`
 )
+
+// noModule is kmod 30's modprobe (Debian 12) on a kernel built without the
+// module.
+func noModule(module string) string {
+	return "modprobe: FATAL: Module " + module + " not found in directory /lib/modules/6.18.44-fc-v782"
+}
 
 // conn is what every cluster call of the test config ends with: the
 // controller's own identity (userID + keyFile), no secrets in argv.
@@ -76,9 +83,9 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 		stderr  string
 		module  string
 	}{
-		{MounterKRBD, nil, []string{"device", "map", "kube/" + testImage}, 2, krbdNoModule, `"rbd" kernel module`},
+		{MounterKRBD, nil, []string{"device", "map", "kube/" + testImage}, 2, krbdNoModule, "rbd"},
 		{MounterNBD, []*commandtest.Step{commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints("[]")},
-			[]string{"device", "map", "-t", "nbd", "kube/" + testImage}, 22, nbdNoModule, `"nbd" kernel module`},
+			[]string{"device", "map", "-t", "nbd", "kube/" + testImage}, 22, nbdNoModule, "nbd"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mounter, func(t *testing.T) {
@@ -87,11 +94,14 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 			steps = append(steps,
 				commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).Prints(`{"watchers":[]}`),
 				commandtest.Expect("rbd", with(tt.mapCmd...)...).Exits(tt.exit, tt.stderr),
+				// The probe tries to load the module before it gives up.
+				commandtest.Expect("modprobe", tt.module).Exits(1, noModule(tt.module)),
 			)
 			inst, _ := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
 			_, err := inst.Attacher.Attach(context.Background(), attachReq())
-			testutil.WantKind(t, err, errdefs.ErrPrecondition, tt.module, tt.mounter)
-			testutil.WantKind(t, inst.Attacher.Probe(context.Background()), errdefs.ErrPrecondition, tt.module)
+			named := `"` + tt.module + `" kernel module`
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, named, tt.mounter)
+			testutil.WantKind(t, inst.Attacher.Probe(context.Background()), errdefs.ErrPrecondition, named, "Module "+tt.module+" not found")
 		})
 	}
 }
@@ -227,5 +237,59 @@ tr '\0' ' ' < /proc/$$/cmdline`)
 	testutil.WantKind(t, err, errdefs.ErrInvalidArgument, SecretUserID)
 	if strings.Contains(err.Error(), key) {
 		t.Fatal("the error shows the key")
+	}
+}
+
+// A node whose rbd or nbd module is not loaded yet (before its first map):
+// the probe loads it rather than fail the node plugin's liveness; a module
+// already loaded costs no command.
+func TestProbeLoadsTheKernelModule(t *testing.T) {
+	tests := []struct {
+		name     string
+		mounter  string
+		loaded   string // the sysfs directory present before the probe
+		modprobe *commandtest.Step
+		appears  string // what modprobe makes appear
+		wantErr  []string
+	}{
+		{name: "krbd loaded", mounter: MounterKRBD, loaded: "bus/rbd"},
+		{name: "nbd loaded", mounter: MounterNBD, loaded: "module/nbd"},
+		{name: "krbd loads rbd", mounter: MounterKRBD, modprobe: commandtest.Expect("modprobe", "rbd"), appears: "bus/rbd"},
+		{name: "rbd-nbd loads nbd", mounter: MounterNBD, modprobe: commandtest.Expect("modprobe", "nbd"), appears: "module/nbd"},
+		{name: "modprobe succeeds, nothing appears", mounter: MounterKRBD, modprobe: commandtest.Expect("modprobe", "rbd"),
+			wantErr: []string{"modprobe rbd succeeded", "bus/rbd is still missing"}},
+		{name: "no modprobe in the image", mounter: MounterNBD,
+			modprobe: commandtest.Expect("modprobe", "nbd").FailsToStart(errors.New(`exec: "modprobe": executable file not found in $PATH`)),
+			wantErr:  []string{`"nbd" kernel module is not loaded`, "executable file not found"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var steps []*commandtest.Step
+			var sys string
+			if tt.modprobe != nil {
+				steps = append(steps, tt.modprobe.Does(func() {
+					if tt.appears != "" {
+						if err := os.MkdirAll(filepath.Join(sys, tt.appears), 0o755); err != nil {
+							t.Error(err)
+						}
+					}
+				}))
+			}
+			inst, dir := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
+			sys = dir
+			if tt.loaded != "" {
+				if err := os.MkdirAll(filepath.Join(sys, tt.loaded), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := inst.Attacher.Probe(context.Background())
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Probe: %v", err)
+				}
+				return
+			}
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, tt.wantErr...)
+		})
 	}
 }

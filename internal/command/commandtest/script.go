@@ -28,6 +28,7 @@ type Step struct {
 	exitCode int
 	err      error
 	stdin    *string
+	effect   func()
 }
 
 // Expect starts a step for the exact command line name args...
@@ -47,6 +48,10 @@ func (s *Step) Exits(code int, stderr string) *Step {
 // Reads makes the step check that the command is fed exactly stdin (a
 // credential handed over on stdin rather than on the command line).
 func (s *Step) Reads(stdin string) *Step { s.stdin = &stdin; return s }
+
+// Does runs effect when the command runs: what the real command changes
+// besides its output (modprobe making /sys/module/nbd appear).
+func (s *Step) Does(effect func()) *Step { s.effect = effect; return s }
 
 // FailsToStart makes the command fail as if it could not be run at all.
 func (s *Step) FailsToStart(err error) *Step { s.err = err; return s }
@@ -118,6 +123,9 @@ func (s *Script) action(i int) testingexec.FakeCommandAction {
 			}
 			if st.err != nil {
 				return nil, nil, st.err
+			}
+			if st.effect != nil {
+				st.effect()
 			}
 			var err error
 			if st.exitCode != 0 {
