@@ -126,6 +126,10 @@ run() { [[ $1 =~ ${RUNS:-.} ]] && echo "RUN $*" >>"$plan"; return 0; }
 # The data path under emulation: small and short, compared within the guest only.
 datapath_env="SPINDLE_BENCH_FIO_SIZE=${VMTEST_FIO_SIZE:-256M} SPINDLE_BENCH_FIO_RUNTIME=5 SPINDLE_BENCH_FIO_RUNS=3"
 iscsi_tests='^(TestConformance|TestAttachRefusals|TestACLAndCHAPFromTheInitiatorSide)$'
+# The probe runs come first after the boot: they show the driver loading
+# iscsi_tcp, rbd or nbd on a node that has not loaded it yet (a later run
+# would find it loaded), once per module.
+iscsi_probe=1
 for mode in $MODES; do
   case $mode in
   kernel/tgt | kernel/lio)
@@ -133,6 +137,10 @@ for mode in $MODES; do
     tests=$iscsi_tests
     # tgtd forgets its targets when restarted and takes bsoflags; LIO does neither.
     [ "$target" = tgt ] && tests='^(TestConformance|TestAttachRefusals|TestACLAndCHAPFromTheInitiatorSide|TestReconcileAfterTgtdRestart|TestDirectIOReachesTgt)$'
+    if [ "$iscsi_probe" = 1 ]; then
+      run "iscsi-probe-$target" iscsi '^TestKernelProbeLoadsTheModuleOnARealKernel$' $env
+      iscsi_probe=0
+    fi
     run "iscsi-conformance-$target" iscsi "$tests" $env
     run "iscsi-sanity-mount-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=mount
     run "iscsi-sanity-block-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=block
@@ -143,6 +151,7 @@ for mode in $MODES; do
   krbd | rbd-nbd)
     env="SPINDLE_RBD_MOUNTER=$mode SPINDLE_CEPH_DIR=/mnt/share/ceph"
     controller="SPINDLE_SANITY_CONTROLLER=$VM_HOST_IP:${controller_ports[$mode]}"
+    run "rbd-probe-$mode" rbd '^TestProbeLoadsTheModuleOnARealKernel$' $env
     run "rbd-conformance-$mode" rbd '^TestConformance$' $env
     run "rbd-sanity-mount-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=mount
     run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=block

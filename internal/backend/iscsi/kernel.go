@@ -19,6 +19,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/kmod"
 )
 
 // kernel logs in with open-iscsi (iscsiadm, iscsid, the iscsi_tcp module).
@@ -89,15 +90,17 @@ func (k *kernel) writeRefs(refs sessionRefs) error {
 	return atomicfile.Write(k.refsPath(), append(data, '\n'), 0o600)
 }
 
-func (k *kernel) moduleLoaded() error {
-	if _, err := os.Stat(filepath.Join(k.sysRoot, "module", "iscsi_tcp")); err != nil {
-		return errdefs.Precondition("this node's kernel has no iSCSI initiator: the iscsi_tcp module is not loaded (modprobe iscsi_tcp, or configure attachMode: userspace)")
+// moduleLoaded loads iscsi_tcp if it is not loaded yet (kmod.Ensure: the
+// probe comes before the first login, which would have iscsid load it).
+func (k *kernel) moduleLoaded(ctx context.Context) error {
+	if err := kmod.Ensure(ctx, k.run, filepath.Join(k.sysRoot, "module", "iscsi_tcp"), "iscsi_tcp"); err != nil {
+		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node's kernel has no iSCSI initiator (configure attachMode: userspace if it cannot have one)")
 	}
 	return nil
 }
 
-func (k *kernel) Probe(context.Context) error {
-	if err := k.moduleLoaded(); err != nil {
+func (k *kernel) Probe(ctx context.Context) error {
+	if err := k.moduleLoaded(ctx); err != nil {
 		return err
 	}
 	if _, err := exec.LookPath("iscsiadm"); err != nil {
@@ -117,7 +120,7 @@ func (k *kernel) node(iqn, portal string, args ...string) []string {
 
 // Connect logs in (once per target) and returns the LUN's disk.
 func (k *kernel) Connect(ctx context.Context, s session) (*connDevice, error) {
-	if err := k.moduleLoaded(); err != nil {
+	if err := k.moduleLoaded(ctx); err != nil {
 		return nil, err
 	}
 	k.mu.Lock()

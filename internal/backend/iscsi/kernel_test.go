@@ -216,13 +216,35 @@ func TestKernelConnectFailures(t *testing.T) {
 	}
 }
 
-// Without the iscsi_tcp module nothing runs: a clear precondition naming it.
+// A kernel without iscsi_tcp (kmod 30's modprobe on this machine's
+// kernel): nothing but modprobe runs, and the precondition names the
+// module and what modprobe said.
 func TestKernelNoModule(t *testing.T) {
+	const fatal = "modprobe: FATAL: Module iscsi_tcp not found in directory /lib/modules/6.18.44-fc-v782"
 	n := newFakeNode(t, false)
-	k := n.kernel(t)
+	k := n.kernel(t,
+		commandtest.Expect("modprobe", "iscsi_tcp").Exits(1, fatal),
+		commandtest.Expect("modprobe", "iscsi_tcp").Exits(1, fatal))
 	_, err := k.Connect(t.Context(), kSession(nil))
-	testutil.WantKind(t, err, errdefs.ErrPrecondition, "iscsi_tcp")
-	testutil.WantKind(t, k.Probe(t.Context()), errdefs.ErrPrecondition, "iscsi_tcp")
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, `"iscsi_tcp" kernel module`, "Module iscsi_tcp not found", "attachMode: userspace")
+	testutil.WantKind(t, k.Probe(t.Context()), errdefs.ErrPrecondition, `"iscsi_tcp" kernel module`)
+}
+
+// A fresh node has not loaded iscsi_tcp yet (iscsid loads it at the first
+// login): the probe loads it instead of failing the plugin's liveness.
+func TestKernelProbeLoadsModule(t *testing.T) {
+	n := newFakeNode(t, false)
+	k := n.kernel(t, commandtest.Expect("modprobe", "iscsi_tcp").Does(func() {
+		if err := os.MkdirAll(n.sys+"/module/iscsi_tcp", 0o755); err != nil {
+			t.Error(err)
+		}
+	}))
+	if err := k.Probe(t.Context()); err != nil && !strings.Contains(err.Error(), "iscsiadm is not installed") {
+		t.Fatalf("Probe: %v", err)
+	}
+	if _, err := os.Stat(n.sys + "/module/iscsi_tcp"); err != nil {
+		t.Errorf("iscsi_tcp not loaded after the probe: %v", err)
+	}
 }
 
 // A disk whose serial is not the volume's is never handed out.

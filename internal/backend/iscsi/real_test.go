@@ -380,3 +380,27 @@ func TestDirectIOReachesTgt(t *testing.T) {
 		t.Fatalf("the image file holds %q (%v) after a write through %s; want %q", got, err, dev.Path, payload)
 	}
 }
+
+// On a real kernel that has iscsi_tcp but has not loaded it (a node before
+// its first login; `make vmtest` runs this first after the guest boots),
+// the node's probe loads it and answers ready.
+func TestKernelProbeLoadsTheModuleOnARealKernel(t *testing.T) {
+	mode, err := iscsitest.ModeFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode.Attach != iscsi.ModeKernel {
+		t.Skipf("the %s attach mode loads no kernel module (%s=kernel selects the kernel initiator)", mode.Attach, iscsitest.EnvAttach)
+	}
+	const present = "/sys/module/iscsi_tcp"
+	if _, err := os.Stat(present); err == nil {
+		t.Skipf("%s exists: the module is loaded already, so this node cannot show the probe loading it (run it first after boot)", present)
+	}
+	e := newRealEnv(t, 0)
+	if err := e.inst.Attacher.Probe(t.Context()); err != nil {
+		t.Fatalf("Probe on a node that has not loaded iscsi_tcp: %v", err)
+	}
+	if _, err := os.Stat(present); err != nil {
+		t.Errorf("Probe answered ready, but %s is still missing: %v", present, err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/kmod"
 )
 
 // kernelMapper maps with "rbd device map": through the kernel's rbd driver
@@ -228,28 +229,15 @@ func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
 	return blockdev.Size(k.sysRoot, dev)
 }
 
-// Available: the kernel module is loaded, or this node can load it. A
-// node's rbd and nbd modules are usually not loaded before the first map
-// (which would load them: the rbd CLI runs modprobe), but the node
-// plugin's liveness probe asks this question first, so it loads the module
-// itself rather than fail every probe until something else maps an image.
-// The node plugin needs the host's /lib/modules for that (the chart's
-// examples mount it).
+// Available: the kernel module is loaded, or this node loads it now
+// (kmod.Ensure: the node plugin's liveness asks before the first map).
 func (k *kernelMapper) Available(ctx context.Context) error {
-	dir := filepath.Join(k.sysRoot, "bus", "rbd")
+	present := filepath.Join(k.sysRoot, "bus", "rbd")
 	if k.nbd {
-		dir = filepath.Join(k.sysRoot, "module", "nbd")
+		present = filepath.Join(k.sysRoot, "module", "nbd")
 	}
-	if _, err := os.Stat(dir); err == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	if _, err := k.c.run.Run(ctx, "modprobe", k.module()); err != nil {
-		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s: the %q kernel module is not loaded (%s is missing) and modprobe could not load it; use another mounter (rbd-fuse needs none)", k.name(), k.module(), dir)
-	}
-	if _, err := os.Stat(dir); err != nil {
-		return errdefs.Precondition("this node cannot map RBD images with %s: modprobe %s succeeded but %s is still missing", k.name(), k.module(), dir)
+	if err := kmod.Ensure(ctx, k.c.run, present, k.module()); err != nil {
+		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s; use another mounter (rbd-fuse needs none)", k.name())
 	}
 	return nil
 }
