@@ -96,7 +96,12 @@ CONFIG
     "UNIX-CONNECT:$dir/csi.sock" >"$dir/socat.log" 2>&1 &
   echo $! >"$dir/socat.pid"
 }
+guest_pid=
 cleanup() {
+  if [ -n "$guest_pid" ]; then
+    kill -TERM "$guest_pid" 2>/dev/null # run.sh stops its qemu
+    wait "$guest_pid" 2>/dev/null
+  fi
   stop_controllers
   "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1
 }
@@ -172,8 +177,14 @@ cp "$VM/guest-run.sh" "$SHARE/run.sh"
 
 t=$SECONDS
 # The runs take long under emulation (run.sh's own default is 30 minutes).
-TIMEOUT=${TIMEOUT:-14400} "$VM/run.sh" "$SHARE" | tee "$WORK/guest.log"
-guest_rc=${PIPESTATUS[0]}
+# In the background with a wait: bash runs the TERM/INT traps only after a
+# foreground pipeline ends, so a killed vmtest would wait hours for its
+# guest (and leave Ceph and the controllers up until then).
+TIMEOUT=${TIMEOUT:-14400} "$VM/run.sh" "$SHARE" > >(tee "$WORK/guest.log") 2>&1 &
+guest_pid=$!
+wait "$guest_pid"
+guest_rc=$?
+guest_pid=
 phase "guest runs" $((SECONDS - t))
 
 # --- the verdict, from the per-run results the guest wrote.
