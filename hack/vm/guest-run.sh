@@ -7,6 +7,9 @@ set -u
 cd "$(dirname "$0")" || exit 1
 SHARE=$PWD
 export PATH="$PATH:/usr/sbin:/sbin" LC_ALL=C
+# rbd and ceph stand-ins (hack/vm/cephproxy): with SPINDLE_CEPH_PROXY in a
+# run's variables, its cluster-side calls run on the host.
+[ -d "$SHARE/bin/ceph-standins" ] && PATH="$SHARE/bin/ceph-standins:$PATH"
 SPINDLE_CSI_SANITY=$(ls "$SHARE"/bin/csi-sanity-*/csi-sanity 2>/dev/null | head -1)
 export SPINDLE_CSI_SANITY SPINDLE_REPORT_DIR=$SHARE/out/reports
 [ -f ceph/services.env ] && { set -a; . ceph/services.env; set +a; }

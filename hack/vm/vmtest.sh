@@ -17,6 +17,8 @@
 #   RUNS         an extended regexp: only the runs whose label matches it
 #                (e.g. 'sanity-stock|lifecycle'); the labels are
 #                <backend>-<what>-<mode>, listed in $VMTEST_DIR/share/plan
+#   VMTEST_CEPH_PROXY  "0" runs the guest's cluster-side rbd and ceph calls
+#                in the guest too (default: on this machine, hack/vm/cephproxy)
 #   DATAPATH     "1" adds each kernel mode's data-path benchmark
 #                (e2e/datapath, fio; prints `datapath <mode> ...` lines)
 #
@@ -50,6 +52,11 @@ for name in "${!packages[@]}"; do
 done
 # The tests find the repository by its go.mod and start tgtd with hack/tgtd.sh.
 cp go.mod "$SHARE/repo/" && cp hack/tgtd.sh "$SHARE/repo/hack/"
+# The guest's rbd and ceph stand-ins (hack/vm/cephproxy): first on the
+# guest's PATH; with SPINDLE_CEPH_PROXY set they run everything but
+# "rbd device" on this machine.
+go build -o "$SHARE/bin/cephproxy" ./hack/vm/cephproxy || exit 1
+mkdir -p "$SHARE/bin/ceph-standins" && ln -s ../cephproxy "$SHARE/bin/ceph-standins/rbd" && ln -s ../cephproxy "$SHARE/bin/ceph-standins/ceph"
 # In a directory named like the original's: reports name the version by it.
 csi_sanity=$("$REPO/hack/csi-sanity.sh") || exit 1
 mkdir -p "$SHARE/bin/$(basename "$(dirname "$csi_sanity")")"
@@ -62,6 +69,7 @@ phase "test binaries" $((SECONDS - t))
 # runs send every Controller RPC to these, over TCP (socat, in the guests'
 # network namespace, in front of each controller's unix socket).
 declare -A controller_ports=([krbd]=7001 [rbd-nbd]=7002)
+cephproxy_port=7010
 stop_controllers() {
   local pid
   for pid in "$WORK"/controller-*/*.pid; do
@@ -97,12 +105,18 @@ CONFIG
   echo $! >"$dir/socat.pid"
 }
 guest_pid=
+stop_cephproxy() {
+  [ -f "$WORK/cephproxy.pid" ] && kill "$(cat "$WORK/cephproxy.pid")" 2>/dev/null
+  rm -f "$WORK/cephproxy.pid"
+  return 0
+}
 cleanup() {
   if [ -n "$guest_pid" ]; then
     kill -TERM "$guest_pid" 2>/dev/null # run.sh stops its qemu
     wait "$guest_pid" 2>/dev/null
   fi
   stop_controllers
+  stop_cephproxy
   "$VM/services.sh" down "$WORK/services" >/dev/null 2>&1
 }
 trap cleanup EXIT
@@ -121,6 +135,13 @@ if [[ " $MODES " == *" krbd "* || " $MODES " == *" rbd-nbd "* ]]; then
     [[ " $MODES " == *" $mounter "* ]] || continue
     start_controller "$mounter" || { echo "0 passed, 1 failed"; exit 1; }
   done
+  # The guest's cluster-side rbd and ceph calls run here (hack/vm/cephproxy:
+  # under emulation each costs seconds); VMTEST_CEPH_PROXY=0 keeps them all
+  # in the guest.
+  if [ "${VMTEST_CEPH_PROXY:-1}" = 1 ]; then
+    ip netns exec "$VM_NETNS" "$SHARE/bin/cephproxy" serve "$VM_HOST_IP:$cephproxy_port" >"$WORK/cephproxy.log" 2>&1 &
+    echo $! >"$WORK/cephproxy.pid"
+  fi
 fi
 phase services $((SECONDS - t))
 
@@ -155,6 +176,7 @@ for mode in $MODES; do
     ;;
   krbd | rbd-nbd)
     env="SPINDLE_RBD_MOUNTER=$mode SPINDLE_CEPH_DIR=/mnt/share/ceph"
+    [ "${VMTEST_CEPH_PROXY:-1}" = 1 ] && env="$env SPINDLE_CEPH_PROXY=$VM_HOST_IP:$cephproxy_port"
     controller="SPINDLE_SANITY_CONTROLLER=$VM_HOST_IP:${controller_ports[$mode]}"
     run "rbd-probe-$mode" rbd '^TestProbeLoadsTheModuleOnARealKernel$' $env
     run "rbd-conformance-$mode" rbd '^TestConformance$' $env
