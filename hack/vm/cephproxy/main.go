@@ -156,6 +156,10 @@ func serve(addr string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "cephproxy: serving %s\n", addr)
+	return serveOn(l)
+}
+
+func serveOn(l net.Listener) error {
 	for {
 		conn, err := l.Accept()
 		if err != nil {
