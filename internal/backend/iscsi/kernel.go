@@ -281,7 +281,10 @@ func (k *kernel) admError(err error, s session, portal string) error {
 	case code == iscsiErrNoDriver || strings.Contains(stderr, "iSCSI driver not found"):
 		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node's kernel has no iSCSI initiator: the iscsi_tcp module is not loaded (modprobe iscsi_tcp, or configure attachMode: userspace)")
 	case code == iscsiErrLoginAuth:
-		return errdefs.Wrap(errdefs.ErrPrecondition, err, "CHAP authentication of initiator %s to target %s failed: the NodeStageVolume secrets do not match the target's account", s.Initiator, s.IQN)
+		// iscsiadm gives one status for a failed authentication (CHAP) and
+		// for a failed authorization, which is how LIO refuses an initiator
+		// outside the ACL (tgt answers "not found" instead).
+		return errdefs.Wrap(errdefs.ErrPrecondition, err, "CHAP authentication of initiator %s to target %s failed: the NodeStageVolume secrets do not match the target's account, or (on LIO) the initiator is not in the target's ACL (is the volume published to this node?)", s.Initiator, s.IQN)
 	case code == iscsiErrNonRetry, code == iscsiErrNoObjsFound:
 		return errdefs.Wrap(errdefs.ErrNotFound, err, "target %s at portal %s does not let initiator %s log in (not found, or not in its ACL: is the volume published to this node?)", s.IQN, portal, s.Initiator)
 	case code == iscsiErrNoIscsid:

@@ -96,8 +96,10 @@ func (l *lio) Apply(ctx context.Context, e Export) error {
 		if err := l.cli(ctx, "/iscsi", "create", e.IQN); err != nil {
 			return fmt.Errorf("create target %s: %w", e.IQN, err)
 		}
-		// Only listed initiators, each with its own mapped LUNs.
-		if err := l.cli(ctx, l.tpg(e.IQN), "set", "attribute", "generate_node_acls=0", "demo_mode_write_protect=1"); err != nil {
+		// Only listed initiators, each with its own mapped LUNs; and only
+		// they discover the target (LIO's SendTargets lists every target to
+		// anyone unless demo_mode_discovery is off; tgt hides it by ACL).
+		if err := l.cli(ctx, l.tpg(e.IQN), "set", "attribute", "generate_node_acls=0", "demo_mode_write_protect=1", "demo_mode_discovery=0"); err != nil {
 			return err
 		}
 	}
@@ -191,12 +193,31 @@ func (l *lio) Remove(ctx context.Context, iqn string) error {
 	return l.cli(ctx, "saveconfig")
 }
 
-// Resize: a fileio backstore takes its file's size when it is created and
-// LIO offers no way to change it under a mapped LUN, so a published
-// volume cannot grow on LIO; unpublished (no target) it grows freely.
+// Resize: a fileio backstore over a regular file reports the size it was
+// created with (its fd_dev_size), not the file's, and targetcli has no
+// command to change it. But LIO reads fd_dev_size on every READ CAPACITY
+// and takes a new one through the device's configfs control attribute
+// while the LUN stays mapped, so the initiator's rescan sees the grown
+// image (make vmtest, kernel/lio). saveconfig then records the new size
+// for the next boot. An unpublished volume has no target: its next
+// publish creates the backstore at the file's size.
 func (l *lio) Resize(ctx context.Context, e Export) error {
 	if !exists(l.targetDir(e.IQN)) {
 		return nil
 	}
-	return errdefs.Precondition("target %s is on LIO, whose fileio backstores cannot grow while the volume is published; expand it while it is not attached to any node", e.IQN)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dir := l.backstore(e.Serial)
+	if dir == "" {
+		return fmt.Errorf("target %s has no fileio backstore %s to resize", e.IQN, e.Serial)
+	}
+	st, err := os.Stat(e.ImagePath)
+	if err != nil {
+		return fmt.Errorf("resize the LUN of %s: %w", e.IQN, err)
+	}
+	control := filepath.Join(dir, "control")
+	if err := os.WriteFile(control, []byte(fmt.Sprintf("fd_dev_size=%d", st.Size())), 0o644); err != nil {
+		return fmt.Errorf("resize the LUN of %s to %d bytes (%s): %w", e.IQN, st.Size(), control, err)
+	}
+	return l.cli(ctx, "saveconfig")
 }

@@ -3,6 +3,7 @@ package iscsi
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/spindle-csi/spindle/internal/command"
@@ -66,7 +67,7 @@ func TestLIOApplyNewTarget(t *testing.T) {
 	l := f.lio(t,
 		targetcli("/backstores/fileio", "create", "name=spindlel", "file_or_dev=/pool/pvc-l.img", "write_back=false", "wwn=spindlel"),
 		targetcli("/iscsi", "create", lIQN),
-		targetcli(tpg, "set", "attribute", "generate_node_acls=0", "demo_mode_write_protect=1"),
+		targetcli(tpg, "set", "attribute", "generate_node_acls=0", "demo_mode_write_protect=1", "demo_mode_discovery=0"),
 		targetcli(tpg+"/luns", "create", "/backstores/fileio/spindlel", "lun=1", "add_mapped_luns=false"),
 		targetcli(tpg+"/acls", "create", "iqn.2026-01.dev.spindle.node:node-a", "add_mapped_luns=true"),
 		targetcli(tpg, "set", "attribute", "authentication=1"),
@@ -122,13 +123,33 @@ func TestLIOWithoutConfigfs(t *testing.T) {
 	testutil.WantKind(t, l.Apply(t.Context(), Export{IQN: lIQN}), errdefs.ErrUnavailable, "configfs")
 }
 
-// A published LIO LUN cannot grow: a precondition that says why.
+// A published LIO LUN grows in place: the image file's size goes to the
+// backstore's control attribute (fd_dev_size, read on every READ
+// CAPACITY), then saveconfig. An unpublished volume has nothing to resize.
 func TestLIOResize(t *testing.T) {
 	f := newFakeConfigfs(t)
 	f.published(t, "spindlel")
-	err := f.lio(t).Resize(t.Context(), Export{IQN: lIQN})
-	testutil.WantKind(t, err, errdefs.ErrPrecondition, lIQN, "published")
+	image := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(image, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(image, 24<<20); err != nil {
+		t.Fatal(err)
+	}
+	x := Export{IQN: lIQN, Serial: "spindlel", ImagePath: image}
+	if err := f.lio(t, targetcli("saveconfig")).Resize(t.Context(), x); err != nil {
+		t.Fatalf("Resize: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(f.root, "core/fileio_1/spindlel/control"))
+	if err != nil || string(got) != "fd_dev_size=25165824" {
+		t.Fatalf("control = %q, %v; want fd_dev_size=25165824", got, err)
+	}
 	if err := f.lio(t).Resize(t.Context(), Export{IQN: "iqn.2026-01.dev.spindle:test.unpublished"}); err != nil {
 		t.Fatalf("Resize of an unpublished volume: %v", err)
+	}
+	// A target whose backstore is gone: an error naming both, no saveconfig.
+	err = f.lio(t).Resize(t.Context(), Export{IQN: lIQN, Serial: "other", ImagePath: image})
+	if err == nil || !strings.Contains(err.Error(), lIQN) || !strings.Contains(err.Error(), "other") {
+		t.Fatalf("Resize without a backstore = %v, want an error naming %s and the backstore", err, lIQN)
 	}
 }

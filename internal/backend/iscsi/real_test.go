@@ -181,6 +181,12 @@ func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
 	nodeA := iscsitest.InitiatorPrefix + ":node-a"
 	nodeB := iscsitest.InitiatorPrefix + ":node-b"
 	user, pass := chapSecrets[iscsi.SecretUser], chapSecrets[iscsi.SecretPassword]
+	// An initiator outside the ACL: tgt answers the login "not found", LIO
+	// "authorization failure" (iSCSI login status 0x0203 / 0x0202).
+	refusedLogin := "Target not found(515)"
+	if e.target.Mode.Target == iscsi.ToolLIO {
+		refusedLogin = "Authorization failure(514)"
+	}
 
 	tests := []struct {
 		name      string
@@ -191,7 +197,7 @@ func TestACLAndCHAPFromTheInitiatorSide(t *testing.T) {
 	}{
 		{"published node sees the LUN", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.target.Portal, iqn, user, pass)}, "Peripheral Device Type:DIRECT_ACCESS", ""},
 		{"published node lists the target", "iscsi-ls", []string{"-i", nodeA, "-s", "iscsi://" + user + "%" + pass + "@" + e.target.Portal}, "Target:" + iqn, ""},
-		{"other node cannot log in", "iscsi-inq", []string{"-i", nodeB, iscsiURL(e.target.Portal, iqn, user, pass)}, "Target not found(515)", "DIRECT_ACCESS"},
+		{"other node cannot log in", "iscsi-inq", []string{"-i", nodeB, iscsiURL(e.target.Portal, iqn, user, pass)}, refusedLogin, "DIRECT_ACCESS"},
 		{"other node does not discover it", "iscsi-ls", []string{"-i", nodeB, "-s", "iscsi://" + user + "%" + pass + "@" + e.target.Portal}, "", iqn},
 		{"wrong CHAP password is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.target.Portal, iqn, user, "wrong-password-1")}, "Authentication failure(513)", "DIRECT_ACCESS"},
 		{"no CHAP is refused", "iscsi-inq", []string{"-i", nodeA, iscsiURL(e.target.Portal, iqn, "", "")}, "", "DIRECT_ACCESS"},
