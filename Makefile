@@ -26,7 +26,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-storage vmtest cluster-up cluster-down clean
+.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
 
 all: build
 
@@ -105,6 +105,14 @@ e2e-storage: deps
 # with "N passed, M failed" (its run time is in docs/testing.md).
 vmtest: deps
 	hack/vm/vmtest.sh
+
+# The part of vmtest that CI runs (.ci/run): on the real kernel, the driver
+# loading its modules, csi-sanity in mount access and the lifecycle for
+# iSCSI kernel/tgt and krbd, and the loop lifecycle with online ext4 growth.
+VMTEST_CI_MODES ?= kernel/tgt krbd loop
+VMTEST_CI_RUNS  ?= probe|sanity-mount|lifecycle
+vmtest-ci: deps
+	MODES="$(VMTEST_CI_MODES)" RUNS='$(VMTEST_CI_RUNS)' hack/vm/vmtest.sh
 
 # For working on the e2e tests: a cluster that stays up
 # (SPINDLE_E2E_CLUSTER_DIR=/var/tmp/spindle-local-cluster go test ./e2e/kubernetes/).
