@@ -21,8 +21,8 @@ import (
 // The credentials go to targetcli on stdin, never on its command line.
 // Every change ends with "saveconfig", so LIO rebuilds it at boot.
 //
-// LIO cannot run on the development machine (no configfs); this follows
-// targetcli-fb's command set and is tested with scripted commands.
+// LIO cannot run on the development machine (no configfs): it is tested
+// with scripted commands here and for real in make vmtest's guest.
 type lio struct {
 	run      *command.Runner
 	configfs string // "/sys/kernel/config/target"
