@@ -16,10 +16,11 @@ FROM debian:trixie-slim
 # e2fsprogs, xfsprogs, btrfs-progs: mkfs, fsck, grow; util-linux and mount:
 # losetup, blkid, mount, findmnt; open-iscsi: iscsiadm; ceph-common: rbd;
 # rbd-nbd and rbd-fuse: the other two RBD mounters; kmod: modprobe, with
-# which the node plugin loads rbd or nbd (mount the host's /lib/modules).
+# which the node plugin loads rbd, nbd or iscsi_tcp (mount the host's
+# /lib/modules); tgt: tgtadm, for a controller that manages a tgt target.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod ca-certificates \
+       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod tgt ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/spindle /usr/local/bin/spindle
 ENTRYPOINT ["/usr/local/bin/spindle"]

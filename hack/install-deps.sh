@@ -46,8 +46,8 @@ declare -A needs=(
   [uuidgen]=uuid-runtime
   # the qemu guests of `make vmtest` (hack/vm/): qemu itself, mmdebstrap for
   # the guest's root filesystem, xz to unpack the kernel to a PVH vmlinux.
-  # (qemu-img is above.) The host has no cpio and no kmod; hack/vm/build.sh
-  # uses the guest's static busybox and chroot depmod instead.
+  # (qemu-img is above.) The host has no cpio; hack/vm/build.sh uses the
+  # guest's static busybox and chroot depmod instead.
   [qemu-system-x86_64]=qemu-system-x86
   [mmdebstrap]=mmdebstrap
   [xz]=xz-utils
@@ -56,6 +56,13 @@ declare -A needs=(
   # `make bench`'s data path: fio on published volumes and on what backs
   # them (Debian's fio has the rbd engine)
   [fio]=fio
+  # the driver image's kernel attach tools (hack/images.sh copies them from
+  # here, as the Dockerfile installs them): the iSCSI kernel initiator's
+  # iscsiadm, rbd-nbd, and modprobe, with which the node plugin loads
+  # iscsi_tcp, rbd or nbd (this machine's own kernel has none of them)
+  [iscsiadm]=open-iscsi
+  [rbd-nbd]=rbd-nbd
+  [modprobe]=kmod
 )
 
 # file -> Debian package, for what is not a program on PATH

@@ -109,6 +109,12 @@ func TestDriverImageRuns(t *testing.T) {
 		{[]string{"btrfs", "--version"}, "btrfs-progs"},
 		{[]string{"resize2fs"}, "Usage: resize2fs"},
 		{[]string{"e2fsck", "-V"}, "e2fsck"},
+		// The kernel attach paths' tools.
+		{[]string{"iscsiadm", "--version"}, "iscsiadm version"},
+		{[]string{"rbd", "--version"}, "ceph version"},
+		{[]string{"rbd-nbd", "--version"}, "ceph version"},
+		{[]string{"modprobe", "--version"}, "kmod version"},
+		{[]string{"tgtadm", "--version"}, "1.0."},
 		// Formatting uses /etc/mke2fs.conf; blkid then sees the filesystem.
 		{[]string{"mkfs.ext4", "-F", "-q", "/tmp/img"}, ""},
 		{[]string{"blkid", "-p", "-o", "export", "/tmp/img"}, "TYPE=ext4"},

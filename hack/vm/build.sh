@@ -27,8 +27,9 @@
 # build's logs are in $VM_CACHE/logs.
 #
 # Needs root (mmdebstrap's root mode, chroot) and the packages of
-# hack/install-deps.sh. The host has no cpio and no kmod: the initramfs is
-# packed with the guest's static busybox, depmod/modprobe run in the chroot.
+# hack/install-deps.sh. The initramfs is packed with the guest's static
+# busybox (the host has no cpio); depmod runs in the chroot, on the guest's
+# modules.
 #
 # Guest facts a test relies on: root has no password; eth0 (net.ifnames=0);
 # the iSCSI InitiatorName is fixed at build time ($GUEST_IQN below), so every
