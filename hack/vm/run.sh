@@ -24,16 +24,21 @@
 #                  no kvm_pvm. This machine's /dev/kvm is kvm_pvm, which cannot
 #                  run a stock kernel (it dies on cmpxchg16b/xrstor emulation),
 #                  so it gets TCG, multi-threaded.
-#   VM_NET=auto    auto|tap|none. tap: qemu runs in hack/vm/net.sh's netns on its
-#                  tap and the guest is 192.168.77.2/24 on eth0 (host side
-#                  192.168.77.1); auto: tap when that netns exists, else none
+#   VM_NET=auto    auto|tap|none. tap: qemu runs in hack/vm/net.sh's netns on
+#                  tap vmtap$VM_ID and the guest is 192.168.77.(2 + VM_ID)/24 on
+#                  eth0 (host side 192.168.77.1); auto: tap when that netns
+#                  exists, else none
+#   VM_ID=0        which guest this is (0 .. VM_TAPS-1): its tap, address and
+#                  MAC. Guests with different VM_IDs run at once
+#   VM_DISK=FILE   a raw disk image the guest sees as /dev/vdb (kept: for
+#                  state that outlives a boot, e.g. a worker node's)
 #   VM_VERBOSE=1   full boot messages on the console (default: quiet boot)
 #   VM_APPEND=...  more kernel command line
 #   INTERACTIVE=1  no run.sh: a root shell on the serial console (SHAREDIR is
 #                  optional; mount it with: mount -t 9p -o trans=virtio spindle /mnt)
 #                  quit with Ctrl-a x
-# One guest at a time: the guests share the tap, the guest address and the
-# iSCSI initiator name.
+# The image's iSCSI initiator name is the same in every guest: guests that
+# log in at once must set their own (hack/local-cluster/worker-guest.sh does).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -76,6 +81,9 @@ esac
 
 # --- network -----------------------------------------------------------------
 VM_NET=${VM_NET:-auto}
+VM_ID=${VM_ID:-0}
+if ! [[ $VM_ID =~ ^[0-9]+$ ]] || [ "$VM_ID" -ge "$VM_TAPS" ]; then die "VM_ID must be 0..$((VM_TAPS - 1))"; fi
+TAP=$(vm_tap "$VM_ID")
 if [ "$VM_NET" = auto ]; then
   if netns_exists; then VM_NET=tap; else VM_NET=none; fi
 fi
@@ -84,13 +92,14 @@ NET_ARGS=()
 APPEND="console=ttyS0,115200 root=/dev/vda rw panic=-1 net.ifnames=0"
 case $VM_NET in
 tap)
-  if ! netns_exists || ! in_netns ip link show "$VM_TAP" >/dev/null 2>&1; then
-    die "VM_NET=tap but there is no netns $VM_NETNS with $VM_TAP: run hack/vm/net.sh up"
+  if ! netns_exists || ! in_netns ip link show "$TAP" >/dev/null 2>&1; then
+    die "VM_NET=tap but there is no netns $VM_NETNS with $TAP: run hack/vm/net.sh up"
   fi
   NS=(ip netns exec "$VM_NETNS")
   # shellcheck disable=SC2054 # qemu's option values have commas
-  NET_ARGS=(-netdev "tap,id=n0,ifname=$VM_TAP,script=no,downscript=no" -device virtio-net-pci,netdev=n0)
-  APPEND="$APPEND spindle.ip=$VM_GUEST_IP/$VM_PREFIX"
+  NET_ARGS=(-netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no"
+    -device "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:$(printf %02x "$VM_ID")")
+  APPEND="$APPEND spindle.ip=$(vm_guest_ip "$VM_ID")/$VM_PREFIX"
   ;;
 none) ;;
 *) die "VM_NET must be auto, tap or none" ;;
@@ -122,6 +131,11 @@ trap 'exit 143' TERM
 
 # Every run starts from the built image: writes go to a throw-away overlay.
 qemu-img create -q -f qcow2 -F raw -b "$GUEST_DIR/rootfs.img" "$RUN/overlay.qcow2"
+DISK_ARGS=()
+if [ -n "${VM_DISK:-}" ]; then
+  [ -f "$VM_DISK" ] || die "VM_DISK=$VM_DISK is not a file"
+  DISK_ARGS=(-drive "file=$VM_DISK,if=virtio,format=raw,cache=writeback,discard=unmap")
+fi
 SHARE_ARGS=()
 if [ -n "$SHARE" ]; then
   # multidevs=remap: inode numbers stay unique if SHAREDIR spans filesystems.
@@ -131,7 +145,7 @@ QEMU=("${NS[@]}" qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "$MEM" -smp "$SMP"
   -nodefaults -no-user-config -no-reboot -display none
   -kernel "$GUEST_DIR/vmlinux" -initrd "$GUEST_DIR/initramfs.img" -append "$APPEND"
   -drive "file=$RUN/overlay.qcow2,if=virtio,format=qcow2,cache=unsafe,discard=unmap"
-  -device virtio-rng-pci "${SHARE_ARGS[@]}" "${NET_ARGS[@]}" -pidfile "$RUN/qemu.pid")
+  "${DISK_ARGS[@]}" -device virtio-rng-pci "${SHARE_ARGS[@]}" "${NET_ARGS[@]}" -pidfile "$RUN/qemu.pid")
 
 if [ "$INTERACTIVE" = 1 ]; then
   # (-nographic would add no serial port together with -nodefaults)
