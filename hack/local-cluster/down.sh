@@ -6,6 +6,9 @@ set -uo pipefail
 # shellcheck source=hack/local-cluster/env.sh
 . "$(dirname "$0")/env.sh"
 start=$SECONDS
+# Worker nodes in qemu guests (workers.sh) first: their kubelets talk to
+# the apiserver stopped below.
+[ ! -d "$CLUSTER_DIR/workers" ] || "$(dirname "$0")/workers.sh" down >/dev/null
 if [ -S "$CONTAINERD_SOCKET" ]; then
   for id in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks kill -s KILL "$id" >/dev/null 2>&1; done
 fi

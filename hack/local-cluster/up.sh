@@ -8,7 +8,9 @@
 # $CLUSTER_DIR. Needs hack/local-cluster/build.sh and `make build` first.
 #
 # DEPLOY=process (default) runs the driver and the sidecars as processes on
-# the host; DEPLOY=helm installs them with charts/spindle instead.
+# the host; DEPLOY=helm installs them with charts/spindle instead; DEPLOY=none
+# stops before Spindle (hack/local-cluster/multinode.sh installs it itself,
+# once its worker nodes have joined).
 #
 # This machine's quirks, and what they cost here:
 # - kubelet 1.36 refuses cgroup v1 unless failCgroupV1: false (cgroupfs driver);
@@ -25,7 +27,7 @@ set -euo pipefail
 . "$(dirname "$0")/env.sh"
 SPINDLE=${SPINDLE:-$REPO/bin/spindle}
 DEPLOY=${DEPLOY:-process}
-case $DEPLOY in process | helm) ;; *) echo "up: DEPLOY=$DEPLOY: want process or helm" >&2; exit 2 ;; esac
+case $DEPLOY in process | helm | none) ;; *) echo "up: DEPLOY=$DEPLOY: want process, helm or none" >&2; exit 2 ;; esac
 for b in etcd kube-apiserver kubelet kubectl csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller; do
   [ -x "$BIN/$b" ] || { echo "up: $BIN/$b is missing; run hack/local-cluster/build.sh" >&2; exit 1; }
 done
@@ -78,7 +80,7 @@ if [ ! -f "$P/admin.crt" ]; then
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 -subj /CN=spindle-local-ca 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj /CN=kube-apiserver 2>/dev/null
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 30 \
-      -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth') 2>/dev/null
+      -extfile <(printf 'subjectAltName=IP:127.0.0.1,IP:192.168.76.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth') 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin" 2>/dev/null
     openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 30 -extfile <(echo extendedKeyUsage=clientAuth) 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
@@ -197,6 +199,11 @@ mount --make-rshared "$KUBELET_DIR"
 kubectl apply -f "$CACHE/crds" >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/volumesnapshots.snapshot.storage.k8s.io >/dev/null
 registered() { [ "$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="'"$DRIVER_NAME"'")].nodeID}')" = "$NODE" ]; }
+
+if [ "$DEPLOY" = none ]; then
+  echo "up: cluster ready in $((SECONDS - start))s without Spindle; export KUBECONFIG=$KUBECONFIG"
+  exit 0
+fi
 
 if [ "$DEPLOY" = helm ]; then
   # --- Spindle from its Helm chart: driver and sidecars in pods, under the

@@ -21,6 +21,7 @@ VM_TAPS=${VM_TAPS:-4}              # guests that can run at once
 VM_HOST_IP=192.168.77.1
 VM_GUEST_IP=192.168.77.2
 VM_PREFIX=24
+VM_SUBNET=192.168.77.0/24
 # net.sh uplink: a veth pair between this machine and the namespace.
 VM_UPLINK=spindle-vm0
 VM_UPLINK_PEER=uplink0

@@ -57,8 +57,8 @@ uplink)
   ip -n "$VM_NETNS" addr replace "$VM_UPLINK_NS_IP/30" dev "$VM_UPLINK_PEER"
   ip -n "$VM_NETNS" link set "$VM_UPLINK_PEER" up
   in_netns sysctl -qw net.ipv4.ip_forward=1
-  ip route replace "$VM_HOST_IP/$VM_PREFIX" via "$VM_UPLINK_NS_IP"
-  log "uplink $VM_UPLINK $VM_UPLINK_HOST_IP <-> $VM_UPLINK_NS_IP in $VM_NETNS; route $VM_HOST_IP/$VM_PREFIX"
+  ip route replace "$VM_SUBNET" via "$VM_UPLINK_NS_IP"
+  log "uplink $VM_UPLINK $VM_UPLINK_HOST_IP <-> $VM_UPLINK_NS_IP in $VM_NETNS; route $VM_SUBNET"
   ;;
 uplink-down)
   ip link del "$VM_UPLINK" 2>/dev/null || true # (its routes go with it)

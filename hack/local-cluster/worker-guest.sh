@@ -1,0 +1,167 @@
+#!/bin/bash
+# Runs IN a qemu guest (hack/vm/run.sh's run.sh, from the worker's share at
+# /mnt/share) and makes it a worker node of the local cluster: containerd +
+# runc and a real kubelet joined to the control plane on the host, until the
+# host asks it to stop (hack/local-cluster/workers.sh down) or kills it.
+#
+# The share (workers.sh writes it) holds:
+#   node.env   NODE_NAME NODE_IP POD_SUBNET APISERVER
+#   bin/       kubelet, containerd, containerd-shim-runc-v2, runc, ctr
+#   cni/       the CNI plugins (bridge, host-local, loopback)
+#   pki/       ca.crt, the node's client certificate (system:node:NAME) and
+#              serving certificate (its IP)
+#   images/    image tarballs, imported once (the node's disk keeps them)
+#   stop       created by the host: stop kubelet and containerd, power off
+#   exec/      for debugging a node: the host drops NAME.sh there; the guest
+#              runs it once and leaves NAME.out (output) and NAME.rc
+#              (workers.sh exec NAME CMD... does all that)
+#
+# The node's own state (containerd's images and snapshots, kubelet's root)
+# lives on the guest's second disk, /dev/vdb, which persists across boots as
+# a real node's disk would; the root filesystem is a throw-away overlay.
+set -euo pipefail
+export LC_ALL=C
+SHARE=/mnt/share
+OUT=$SHARE/out
+# shellcheck source=/dev/null
+. "$SHARE/node.env"
+export PATH="$SHARE/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+t0=$(cut -d' ' -f1 /proc/uptime)
+say() { echo "worker $NODE_NAME [$(cut -d' ' -f1 /proc/uptime)s]: $*"; }
+
+hostname "$NODE_NAME"
+echo "$NODE_NAME" >/etc/hostname
+printf '127.0.0.1 localhost\n%s %s\n' "$NODE_IP" "$NODE_NAME" >/etc/hosts
+# Each node its own initiator name (the image has one for every guest).
+echo "InitiatorName=iqn.2026-01.dev.spindle.guest:$NODE_NAME" >/etc/iscsi/initiatorname.iscsi
+# The default route to the host's side of the guests' network, so that the
+# apiserver forwarder and the pod subnets of other nodes are reachable.
+ip route replace default via "$GATEWAY"
+sysctl -qw net.ipv4.ip_forward=1
+modprobe -q overlay
+modprobe -q br_netfilter || true
+
+# --- the node's disk: formatted once (never when it holds any signature).
+DATA=/var/lib/spindle-node
+mkdir -p "$DATA"
+if [ -z "$(blkid -p -o value -s TYPE /dev/vdb 2>/dev/null || true)" ] &&
+  [ -z "$(blkid -p -o value -s PTTYPE /dev/vdb 2>/dev/null || true)" ]; then
+  say "formatting the node disk /dev/vdb"
+  mkfs.ext4 -q -L spindle-node /dev/vdb
+fi
+mount /dev/vdb "$DATA"
+mkdir -p "$DATA/containerd" "$DATA/kubelet" /var/lib/containerd /var/lib/kubelet
+mount --bind "$DATA/containerd" /var/lib/containerd
+mount --bind "$DATA/kubelet" /var/lib/kubelet
+# Mount propagation for the node plugin's Bidirectional mounts.
+mount --make-rshared /var/lib/kubelet
+mkdir -p /etc/kubernetes/pki /etc/cni/net.d /run/containerd
+cp "$SHARE"/pki/* /etc/kubernetes/pki/
+
+# --- containerd + runc (systemd cgroups: the guest runs systemd, cgroup v2)
+cat >/etc/containerd.toml <<CT
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "local.test/pause:1"
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$SHARE/bin/runc"
+        SystemdCgroup = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$SHARE/cni"
+    conf_dir = "/etc/cni/net.d"
+CT
+# The pods' default route is the node (the bridge's address), which routes
+# to this machine and, through it, to the other nodes' pods.
+cat >/etc/cni/net.d/10-spindle-pods.conflist <<CNI
+{"cniVersion":"0.4.0","name":"spindle-pods","plugins":[{"type":"bridge","bridge":"cni0","isGateway":true,"ipMasq":false,
+ "ipam":{"type":"host-local","ranges":[[{"subnet":"$POD_SUBNET"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":"/var/lib/spindle-node/cni-ipam"}}]}
+CNI
+containerd --config /etc/containerd.toml >"$OUT/containerd.log" 2>&1 &
+for _ in $(seq 1 240); do ctr version >/dev/null 2>&1 && break; sleep 0.25; done
+ctr version >/dev/null || { say "containerd did not start"; tail "$OUT/containerd.log"; exit 1; }
+say "containerd up"
+
+# --- images: imported once; a tarball whose stamp matches is skipped.
+for tar in "$SHARE"/images/*.tar; do
+  [ -e "$tar" ] || continue
+  stamp=$DATA/imported.$(basename "$tar").$(stat -c %s.%Y "$tar")
+  [ -e "$stamp" ] && continue
+  ctr -n k8s.io images import "$tar" >/dev/null
+  rm -f "$DATA/imported.$(basename "$tar")".*
+  touch "$stamp"
+  say "imported $(basename "$tar")"
+done
+
+# --- kubelet
+cat >/etc/kubernetes/kubeconfig <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: spindle-local, cluster: {server: "$APISERVER", certificate-authority: /etc/kubernetes/pki/ca.crt}}]
+users: [{name: node, user: {client-certificate: /etc/kubernetes/pki/node-client.crt, client-key: /etc/kubernetes/pki/node-client.key}}]
+contexts: [{name: spindle-local, context: {cluster: spindle-local, user: node}}]
+current-context: spindle-local
+KC
+cat >/etc/kubernetes/kubelet.yaml <<KCFG
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: systemd
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+address: $NODE_IP
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}}
+authorization: {mode: AlwaysAllow}
+tlsCertFile: /etc/kubernetes/pki/node-serving.crt
+tlsPrivateKeyFile: /etc/kubernetes/pki/node-serving.key
+failSwapOn: false
+resolvConf: ""
+evictionHard: {"memory.available": "50Mi"}
+mergeDefaultEvictionSettings: false
+# The images are imported, never pulled: garbage collection would lose them.
+imageGCHighThresholdPercent: 100
+syncFrequency: 10s
+KCFG
+kubelet --config /etc/kubernetes/kubelet.yaml --kubeconfig /etc/kubernetes/kubeconfig \
+  --root-dir /var/lib/kubelet --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
+  --node-labels spindle.csi.dev/worker=true \
+  >"$OUT/kubelet.log" 2>&1 &
+kubelet_pid=$!
+say "kubelet started ($(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN {printf "%.1f", b - a}') s after run.sh began)"
+echo "$kubelet_pid" >/run/kubelet.pid
+
+# Until the host asks to stop (or kills the guest).
+mkdir -p "$SHARE/exec"
+while [ ! -e "$SHARE/stop" ]; do
+  if ! kill -0 "$kubelet_pid" 2>/dev/null; then
+    say "kubelet exited"; tail -n 20 "$OUT/kubelet.log"; exit 1
+  fi
+  for f in "$SHARE"/exec/*.sh; do
+    [ -e "$f" ] || continue
+    rc=0
+    timeout 300 bash "$f" >"${f%.sh}.out.tmp" 2>&1 </dev/null || rc=$?
+    mv "${f%.sh}.out.tmp" "${f%.sh}.out"
+    rm -f "$f"
+    echo "$rc" >"${f%.sh}.rc"
+  done
+  sleep 1
+done
+say "stopping"
+kill "$kubelet_pid" 2>/dev/null || true
+wait "$kubelet_pid" 2>/dev/null || true
+pkill containerd || true
+sleep 1
+umount /var/lib/kubelet /var/lib/containerd 2>/dev/null || true
+exit 0
