@@ -11,7 +11,6 @@ package kubernetes
 
 import (
 	"bufio"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -20,35 +19,25 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/spindle-csi/spindle/e2e/kube"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 const (
-	driverName = "spindle.csi.dev"
-	podImage   = "local.test/spindle-e2e-pod:1"
-	// timeout bounds every wait; the steps take seconds here.
-	timeout = 3 * time.Minute
+	driverName = kube.DriverName
+	podImage   = kube.PodImage
 )
 
-// cluster is the running local cluster the tests use.
+// cluster is the running local cluster the tests use: the shared client
+// and steps (e2e/kube), and what only this one-node cluster on this
+// machine has (its directories, mount table and logs).
 type cluster struct {
-	dir     string // CLUSTER_DIR of hack/local-cluster
-	node    string // the node with a kubelet
-	client  kubernetes.Interface
-	dynamic dynamic.Interface
+	*kube.Cluster
 }
 
 // nodeMetricsAddress is where the node plugin serves /volumes: both
@@ -56,269 +45,19 @@ type cluster struct {
 func (c *cluster) nodeMetricsAddress() string { return "127.0.0.1:9808" }
 
 // kubeletDir is kubelet's --root-dir; poolDir the driver's loop pool.
-func (c *cluster) kubeletDir() string { return filepath.Join(c.dir, "kubelet") }
-func (c *cluster) poolDir() string    { return filepath.Join(c.dir, "pool") }
+func (c *cluster) kubeletDir() string { return filepath.Join(c.Dir, "kubelet") }
+func (c *cluster) poolDir() string    { return filepath.Join(c.Dir, "pool") }
 func (c *cluster) csiSocket() string {
 	return filepath.Join(c.kubeletDir(), "plugins", driverName, "csi.sock")
 }
 
 func connect(t *testing.T) *cluster {
 	t.Helper()
-	dir := os.Getenv("SPINDLE_E2E_CLUSTER_DIR")
-	if dir == "" {
-		t.Skip("no Kubernetes cluster: run `make e2e`, or hack/local-cluster/up.sh and set SPINDLE_E2E_CLUSTER_DIR")
+	node := os.Getenv("SPINDLE_E2E_NODE")
+	if node == "" {
+		node = "spindle-local-node"
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
-	if err != nil {
-		t.Fatalf("kubeconfig of the cluster in %s: %v", dir, err)
-	}
-	c := &cluster{dir: dir, node: os.Getenv("SPINDLE_E2E_NODE")}
-	if c.node == "" {
-		c.node = "spindle-local-node"
-	}
-	if c.client, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if c.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.client.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{}); err != nil {
-		t.Fatalf("cluster in %s is not reachable or has no node %s: %v", dir, c.node, err)
-	}
-	return c
-}
-
-// namespace creates a namespace for one test and deletes it, with
-// everything in it, when the test ends; the test's PVs must be gone too.
-func (c *cluster) namespace(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	name := "e2e-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(name) > 63 {
-		name = name[:63]
-	}
-	name = strings.TrimRight(name, "-")
-	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		// Pods first (their volumes detach), then the claims (their
-		// volumes are deleted), then the namespace.
-		zero := int64(0)
-		_ = c.client.CoreV1().Pods(name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-		c.waitFor(t, "pods of "+name+" gone", func(ctx context.Context) (bool, error) {
-			l, err := c.client.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
-			return err == nil && len(l.Items) == 0, err
-		})
-		_ = c.client.CoreV1().PersistentVolumeClaims(name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-		c.waitFor(t, "volumes of "+name+" deleted", func(ctx context.Context) (bool, error) {
-			l, err := c.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, pv := range l.Items {
-				if ref := pv.Spec.ClaimRef; ref != nil && ref.Namespace == name {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
-		_ = c.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
-	})
-	return name
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func (c *cluster) waitFor(t *testing.T, what string, cond func(context.Context) (bool, error)) {
-	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, err := cond(ctx)
-		if err != nil {
-			last = err
-		}
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v (last error: %v)", what, err, last)
-	}
-}
-
-type claimOptions struct {
-	storageClass string
-	size         string
-	block        bool
-	accessMode   corev1.PersistentVolumeAccessMode
-	dataSource   *corev1.TypedLocalObjectReference
-}
-
-// claim creates a PVC and waits until it is bound; it returns the claim and its PV.
-func (c *cluster) claim(t *testing.T, ns, name string, o claimOptions) (*corev1.PersistentVolumeClaim, *corev1.PersistentVolume) {
-	t.Helper()
-	ctx := context.Background()
-	if o.storageClass == "" {
-		o.storageClass = "spindle-ext4"
-	}
-	if o.size == "" {
-		o.size = "1Gi"
-	}
-	if o.accessMode == "" {
-		o.accessMode = corev1.ReadWriteOnce
-	}
-	mode := corev1.PersistentVolumeFilesystem
-	if o.block {
-		mode = corev1.PersistentVolumeBlock
-	}
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{o.accessMode},
-			StorageClassName: &o.storageClass,
-			VolumeMode:       &mode,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(o.size)}},
-			DataSource:       o.dataSource,
-		},
-	}
-	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create PVC %s: %v", name, err)
-	}
-	c.waitFor(t, "PVC "+name+" Bound", func(ctx context.Context) (bool, error) {
-		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		pvc = got
-		return got.Status.Phase == corev1.ClaimBound, nil
-	})
-	pv, err := c.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("PV of %s: %v", name, err)
-	}
-	return pvc, pv
-}
-
-type podOptions struct {
-	node  string // defaults to the kubelet's node
-	args  []string
-	block bool // the claim is attached as a device at /dev/xvda
-}
-
-// pod starts a pod that mounts claim at /data (or gets it at /dev/xvda) and
-// runs the e2e image with args; hostNetwork, since the node has no pod network.
-func (c *cluster) pod(t *testing.T, ns, name, claim string, o podOptions) *corev1.Pod {
-	t.Helper()
-	if o.node == "" {
-		o.node = c.node
-	}
-	container := corev1.Container{
-		Name: "e2e", Image: podImage, ImagePullPolicy: corev1.PullNever, Args: o.args,
-		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
-	}
-	if o.block {
-		container.VolumeDevices = []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}}
-	} else {
-		container.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
-	}
-	grace := int64(1)
-	noToken := false
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
-			NodeName:                      o.node,
-			HostNetwork:                   true,
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			TerminationGracePeriodSeconds: &grace,
-			AutomountServiceAccountToken:  &noToken,
-			Containers:                    []corev1.Container{container},
-			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
-			}}},
-		},
-	}
-	created, err := c.client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create pod %s: %v", name, err)
-	}
-	return created
-}
-
-// waitPod waits for the pod to reach phase and returns it; a pod that
-// reaches a final phase other than the one wanted fails the test with its
-// termination message.
-func (c *cluster) waitPod(t *testing.T, ns, name string, phase corev1.PodPhase) *corev1.Pod {
-	t.Helper()
-	var pod *corev1.Pod
-	c.waitFor(t, fmt.Sprintf("pod %s %s", name, phase), func(ctx context.Context) (bool, error) {
-		got, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		pod = got
-		if got.Status.Phase != phase && (got.Status.Phase == corev1.PodSucceeded || got.Status.Phase == corev1.PodFailed) {
-			return false, fmt.Errorf("pod %s ended %s: %s", name, got.Status.Phase, terminationMessage(got))
-		}
-		return got.Status.Phase == phase, nil
-	})
-	return pod
-}
-
-func terminationMessage(pod *corev1.Pod) string {
-	for _, s := range pod.Status.ContainerStatuses {
-		if s.State.Terminated != nil {
-			return strings.TrimSpace(s.State.Terminated.Message)
-		}
-	}
-	return ""
-}
-
-// deletePod deletes a pod and waits until it is gone.
-func (c *cluster) deletePod(t *testing.T, ns, name string) {
-	t.Helper()
-	if err := c.client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Fatalf("delete pod %s: %v", name, err)
-	}
-	c.waitFor(t, "pod "+name+" gone", func(ctx context.Context) (bool, error) {
-		_, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-}
-
-// attachment waits for the VolumeAttachment of pv on node to satisfy cond.
-func (c *cluster) attachment(t *testing.T, pv, node string, what string, cond func(*storagev1.VolumeAttachment) bool) *storagev1.VolumeAttachment {
-	t.Helper()
-	var va *storagev1.VolumeAttachment
-	c.waitFor(t, fmt.Sprintf("VolumeAttachment of %s on %s %s", pv, node, what), func(ctx context.Context) (bool, error) {
-		l, err := c.client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		for i := range l.Items {
-			a := &l.Items[i]
-			if a.Spec.Attacher == driverName && a.Spec.NodeName == node && a.Spec.Source.PersistentVolumeName != nil && *a.Spec.Source.PersistentVolumeName == pv {
-				va = a
-				return cond(a), nil
-			}
-		}
-		return false, nil
-	})
-	return va
-}
-
-// attachmentsOf lists the VolumeAttachments of a PV.
-func (c *cluster) attachmentsOf(ctx context.Context, pv string) ([]storagev1.VolumeAttachment, error) {
-	l, err := c.client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	var out []storagev1.VolumeAttachment
-	for _, a := range l.Items {
-		if a.Spec.Source.PersistentVolumeName != nil && *a.Spec.Source.PersistentVolumeName == pv {
-			out = append(out, a)
-		}
-	}
-	return out, nil
+	return &cluster{kube.Connect(t, node)}
 }
 
 // controllerSocket is the socket of the driver's controller service: the
@@ -326,7 +65,7 @@ func (c *cluster) attachmentsOf(ctx context.Context, pv string) ([]storagev1.Vol
 // directory, an emptyDir kubelet keeps under the pod's directory (DEPLOY=helm).
 func (c *cluster) controllerSocket(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(c.dir, "logs", "spindle.log")); err == nil {
+	if _, err := os.Stat(filepath.Join(c.Dir, "logs", "spindle.log")); err == nil {
 		return c.csiSocket()
 	}
 	sockets, _ := filepath.Glob(filepath.Join(c.kubeletDir(), "pods/*/volumes/kubernetes.io~empty-dir/socket-dir/csi.sock"))
@@ -417,15 +156,15 @@ func mountsAt(t *testing.T, path string) []mount {
 func (c *cluster) driverLog(t *testing.T, match map[string]string) []map[string]any {
 	t.Helper()
 	var lines []string
-	if data, err := os.ReadFile(filepath.Join(c.dir, "logs", "spindle.log")); err == nil {
+	if data, err := os.ReadFile(filepath.Join(c.Dir, "logs", "spindle.log")); err == nil {
 		lines = strings.Split(string(data), "\n")
 	}
-	containerLogs, _ := filepath.Glob(filepath.Join(c.dir, "podlogs", "*", "spindle", "*.log"))
+	containerLogs, _ := filepath.Glob(filepath.Join(c.Dir, "podlogs", "*", "spindle", "*.log"))
 	for _, path := range containerLogs {
 		lines = append(lines, containerLogLines(t, path)...)
 	}
 	if len(lines) == 0 {
-		t.Fatalf("no driver log in %s", c.dir)
+		t.Fatalf("no driver log in %s", c.Dir)
 	}
 	var out []map[string]any
 	for _, line := range lines {

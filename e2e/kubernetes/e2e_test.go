@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spindle-csi/spindle/e2e/kube"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -30,8 +32,8 @@ const dataSize = "4194304" // 4 MiB written by the pods
 // volume ID (<backend>/<instance>/<image>) on the loop backend.
 func TestProvisionBindsAPVWithASpindleHandle(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "data", claimOptions{})
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{})
 	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driverName {
 		t.Fatalf("PV %s is not a %s volume: %+v", pv.Name, driverName, pv.Spec.PersistentVolumeSource)
 	}
@@ -58,16 +60,16 @@ func TestProvisionBindsAPVWithASpindleHandle(t *testing.T) {
 // and published it into the pod; what the pod wrote, a second pod reads.
 func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "data", claimOptions{})
-	writer := c.pod(t, ns, "writer", "data", podOptions{args: []string{"write", "/data/file", dataSize}})
-	writer = c.waitPod(t, ns, "writer", corev1.PodRunning)
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{})
+	writer := c.Pod(t, ns, "writer", "data", kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
+	writer = c.WaitPod(t, ns, "writer", corev1.PodRunning)
 
-	va := c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	va := c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
 	// The same ControllerPublish again is idempotent and answers with the
 	// publish_context the attacher stored.
 	resp, err := c.csiClient(t).ControllerPublishVolume(context.Background(), &csi.ControllerPublishVolumeRequest{
-		VolumeId: pv.Spec.CSI.VolumeHandle, NodeId: c.node,
+		VolumeId: pv.Spec.CSI.VolumeHandle, NodeId: c.Node,
 		VolumeCapability: &csi.VolumeCapability{
 			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
 			// The attacher asks for ReadWriteOnce as SINGLE_NODE_MULTI_WRITER
@@ -99,7 +101,7 @@ func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 	}
 
 	var wrote string
-	c.waitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
+	c.WaitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
 		data, err := os.ReadFile(filepath.Join(target, "file.sha256"))
 		wrote = strings.TrimSpace(string(data))
 		return err == nil && len(wrote) == 64, nil
@@ -108,10 +110,10 @@ func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 		t.Fatalf("file in the pod volume has checksum %s, the pod recorded %s", got, wrote)
 	}
 
-	c.deletePod(t, ns, "writer")
-	c.pod(t, ns, "reader", "data", podOptions{args: []string{"verify", "/data/file"}})
-	reader := c.waitPod(t, ns, "reader", corev1.PodSucceeded)
-	if got := terminationMessage(reader); got != "verified "+wrote {
+	c.DeletePod(t, ns, "writer")
+	c.Pod(t, ns, "reader", "data", kube.PodOptions{Args: []string{"verify", "/data/file"}})
+	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
+	if got := kube.TerminationMessage(reader); got != "verified "+wrote {
 		t.Fatalf("reader says %q, want verified %s", got, wrote)
 	}
 }
@@ -120,12 +122,12 @@ func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 // once, published twice.
 func TestTwoPodsShareOneVolume(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "shared", claimOptions{})
-	a := c.pod(t, ns, "pod-a", "shared", podOptions{args: []string{"write", "/data/a", "4096"}})
-	b := c.pod(t, ns, "pod-b", "shared", podOptions{args: []string{"write", "/data/b", "4096"}})
-	a = c.waitPod(t, ns, "pod-a", corev1.PodRunning)
-	b = c.waitPod(t, ns, "pod-b", corev1.PodRunning)
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "shared", kube.ClaimOptions{})
+	a := c.Pod(t, ns, "pod-a", "shared", kube.PodOptions{Args: []string{"write", "/data/a", "4096"}})
+	b := c.Pod(t, ns, "pod-b", "shared", kube.PodOptions{Args: []string{"write", "/data/b", "4096"}})
+	a = c.WaitPod(t, ns, "pod-a", corev1.PodRunning)
+	b = c.WaitPod(t, ns, "pod-b", corev1.PodRunning)
 
 	handle := pv.Spec.CSI.VolumeHandle
 	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": handle})); n != 1 {
@@ -147,12 +149,12 @@ func TestTwoPodsShareOneVolume(t *testing.T) {
 		}
 	}
 	// Both pods write into the same filesystem.
-	c.waitFor(t, "both pods' files in the volume", func(context.Context) (bool, error) {
+	c.WaitFor(t, "both pods' files in the volume", func(context.Context) (bool, error) {
 		_, errA := os.Stat(filepath.Join(c.stagingPath(pv), "a.sha256"))
 		_, errB := os.Stat(filepath.Join(c.stagingPath(pv), "b.sha256"))
 		return errA == nil && errB == nil, nil
 	})
-	if vas, err := c.attachmentsOf(context.Background(), pv.Name); err != nil || len(vas) != 1 {
+	if vas, err := c.AttachmentsOf(context.Background(), pv.Name); err != nil || len(vas) != 1 {
 		t.Fatalf("VolumeAttachments of %s: %d (%v), want one", pv.Name, len(vas), err)
 	}
 }
@@ -161,17 +163,17 @@ func TestTwoPodsShareOneVolume(t *testing.T) {
 // and raw data survives the pod being replaced.
 func TestBlockVolumeKeepsRawData(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "raw", claimOptions{block: true, size: "64Mi"})
-	c.pod(t, ns, "writer", "raw", podOptions{block: true, args: []string{"write-block", "/dev/xvda", "1048576"}})
-	c.waitPod(t, ns, "writer", corev1.PodRunning)
-	c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "raw", kube.ClaimOptions{Block: true, Size: "64Mi"})
+	c.Pod(t, ns, "writer", "raw", kube.PodOptions{Block: true, Args: []string{"write-block", "/dev/xvda", "1048576"}})
+	c.WaitPod(t, ns, "writer", corev1.PodRunning)
+	c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
 	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": pv.Spec.CSI.VolumeHandle})); n != 0 {
 		t.Fatalf("a block volume was formatted %d times", n)
 	}
 	// The data reaches the image file: read it there, outside the pod.
 	var onImage string
-	c.waitFor(t, "the writer's data on the image", func(context.Context) (bool, error) {
+	c.WaitFor(t, "the writer's data on the image", func(context.Context) (bool, error) {
 		f, err := os.Open(c.imagePath(pv))
 		if err != nil {
 			return false, err
@@ -184,10 +186,10 @@ func TestBlockVolumeKeepsRawData(t *testing.T) {
 		onImage = string(buf[1048576:])
 		return onImage != strings.Repeat("\x00", 64), nil
 	})
-	c.deletePod(t, ns, "writer")
-	c.pod(t, ns, "reader", "raw", podOptions{block: true, args: []string{"verify-block", "/dev/xvda", "1048576"}})
-	reader := c.waitPod(t, ns, "reader", corev1.PodSucceeded)
-	if got := terminationMessage(reader); got != "verified "+onImage {
+	c.DeletePod(t, ns, "writer")
+	c.Pod(t, ns, "reader", "raw", kube.PodOptions{Block: true, Args: []string{"verify-block", "/dev/xvda", "1048576"}})
+	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
+	if got := kube.TerminationMessage(reader); got != "verified "+onImage {
 		t.Fatalf("reader says %q, want verified %s", got, onImage)
 	}
 }
@@ -196,20 +198,20 @@ func TestBlockVolumeKeepsRawData(t *testing.T) {
 // NodeExpand run, and the pod sees the larger filesystem.
 func TestExpandWhileInUse(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "grow", claimOptions{storageClass: "spindle-xfs", size: "1Gi"})
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "grow", kube.ClaimOptions{StorageClass: "spindle-xfs", Size: "1Gi"})
 	// The pod waits, mounted, until its filesystem is over 1.5 GiB.
-	c.pod(t, ns, "watcher", "grow", podOptions{args: []string{"wait-size", "/data", "1610612736", "170"}})
-	c.waitPod(t, ns, "watcher", corev1.PodRunning)
+	c.Pod(t, ns, "watcher", "grow", kube.PodOptions{Args: []string{"wait-size", "/data", "1610612736", "170"}})
+	c.WaitPod(t, ns, "watcher", corev1.PodRunning)
 
 	patch := []byte(`{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
-	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Patch(context.Background(), "grow", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Patch(context.Background(), "grow", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatalf("expand PVC: %v", err)
 	}
-	watcher := c.waitPod(t, ns, "watcher", corev1.PodSucceeded)
-	t.Logf("pod reports %s", terminationMessage(watcher))
-	c.waitFor(t, "PVC capacity 2Gi", func(ctx context.Context) (bool, error) {
-		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "grow", metav1.GetOptions{})
+	watcher := c.WaitPod(t, ns, "watcher", corev1.PodSucceeded)
+	t.Logf("pod reports %s", kube.TerminationMessage(watcher))
+	c.WaitFor(t, "PVC capacity 2Gi", func(ctx context.Context) (bool, error) {
+		got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "grow", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -232,21 +234,21 @@ var volumeSnapshots = schema.GroupVersionResource{Group: "snapshot.storage.k8s.i
 // 6. A VolumeSnapshot restored into a new claim holds the same data.
 func TestSnapshotRestoresTheData(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "origin", claimOptions{})
-	c.pod(t, ns, "writer", "origin", podOptions{args: []string{"write", "/data/file", dataSize}})
-	writer := c.waitPod(t, ns, "writer", corev1.PodRunning)
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "origin", kube.ClaimOptions{})
+	c.Pod(t, ns, "writer", "origin", kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
+	writer := c.WaitPod(t, ns, "writer", corev1.PodRunning)
 	var wrote string
-	c.waitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
+	c.WaitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
 		data, err := os.ReadFile(filepath.Join(c.podVolumeDir(writer, pv.Name), "file.sha256"))
 		wrote = strings.TrimSpace(string(data))
 		return err == nil && len(wrote) == 64, nil
 	})
 	// A pool without reflink copies an image only while no node has it
 	// attached; the snapshot is taken after the writer is gone.
-	c.deletePod(t, ns, "writer")
-	c.waitFor(t, "the volume detached", func(ctx context.Context) (bool, error) {
-		vas, err := c.attachmentsOf(ctx, pv.Name)
+	c.DeletePod(t, ns, "writer")
+	c.WaitFor(t, "the volume detached", func(ctx context.Context) (bool, error) {
+		vas, err := c.AttachmentsOf(ctx, pv.Name)
 		return err == nil && len(vas) == 0, err
 	})
 
@@ -258,14 +260,14 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 			"source":                  map[string]any{"persistentVolumeClaimName": "origin"},
 		},
 	}}
-	if _, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create VolumeSnapshot: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "snap", metav1.DeleteOptions{})
+		_ = c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "snap", metav1.DeleteOptions{})
 	})
-	c.waitFor(t, "VolumeSnapshot readyToUse", func(ctx context.Context) (bool, error) {
-		got, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Get(ctx, "snap", metav1.GetOptions{})
+	c.WaitFor(t, "VolumeSnapshot readyToUse", func(ctx context.Context) (bool, error) {
+		got, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Get(ctx, "snap", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -274,13 +276,13 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 	})
 
 	group := "snapshot.storage.k8s.io"
-	_, restored := c.claim(t, ns, "restored", claimOptions{dataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
+	_, restored := c.Claim(t, ns, "restored", kube.ClaimOptions{DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
 	if restored.Spec.CSI.VolumeHandle == pv.Spec.CSI.VolumeHandle {
 		t.Fatal("the restored claim got the original volume")
 	}
-	c.pod(t, ns, "reader", "restored", podOptions{args: []string{"verify", "/data/file"}})
-	reader := c.waitPod(t, ns, "reader", corev1.PodSucceeded)
-	if got := terminationMessage(reader); got != "verified "+wrote {
+	c.Pod(t, ns, "reader", "restored", kube.PodOptions{Args: []string{"verify", "/data/file"}})
+	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
+	if got := kube.TerminationMessage(reader); got != "verified "+wrote {
 		t.Fatalf("reader of the restored volume says %q, want verified %s", got, wrote)
 	}
 	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": restored.Spec.CSI.VolumeHandle})); n != 0 {
@@ -300,11 +302,11 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 //     volume, as `kubectl get volumeattachment -o yaml` shows it.
 func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
+	ns := c.Namespace(t)
 	ctx := context.Background()
-	_, pv := c.claim(t, ns, "exclusive", claimOptions{})
-	c.pod(t, ns, "holder", "exclusive", podOptions{args: []string{"pause"}})
-	c.waitPod(t, ns, "holder", corev1.PodRunning)
+	_, pv := c.Claim(t, ns, "exclusive", kube.ClaimOptions{})
+	c.Pod(t, ns, "holder", "exclusive", kube.PodOptions{Args: []string{"pause"}})
+	c.WaitPod(t, ns, "holder", corev1.PodRunning)
 
 	// A node without a kubelet: the attach-detach controller manages its
 	// attachments (the annotation kubelet would set), and its CSINode maps
@@ -312,19 +314,19 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	other := "spindle-e2e-second-node"
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: other, Annotations: map[string]string{
 		"volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}
-	if _, err := c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create node %s: %v", other, err)
 	}
 	staleVA := "spindle-e2e-stale-attachment"
 	t.Cleanup(func() {
 		zero := int64(0)
 		// No kubelet confirms the pod's end: delete it at once.
-		_ = c.client.CoreV1().Pods(ns).Delete(ctx, "mover", metav1.DeleteOptions{GracePeriodSeconds: &zero})
-		_ = c.client.StorageV1().VolumeAttachments().Delete(ctx, staleVA, metav1.DeleteOptions{})
-		_ = c.client.StorageV1().CSINodes().Delete(ctx, other, metav1.DeleteOptions{})
-		_ = c.client.CoreV1().Nodes().Delete(ctx, other, metav1.DeleteOptions{})
-		c.waitFor(t, "the second node's VolumeAttachment gone", func(ctx context.Context) (bool, error) {
-			vas, err := c.attachmentsOf(ctx, pv.Name)
+		_ = c.Client.CoreV1().Pods(ns).Delete(ctx, "mover", metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		_ = c.Client.StorageV1().VolumeAttachments().Delete(ctx, staleVA, metav1.DeleteOptions{})
+		_ = c.Client.StorageV1().CSINodes().Delete(ctx, other, metav1.DeleteOptions{})
+		_ = c.Client.CoreV1().Nodes().Delete(ctx, other, metav1.DeleteOptions{})
+		c.WaitFor(t, "the second node's VolumeAttachment gone", func(ctx context.Context) (bool, error) {
+			vas, err := c.AttachmentsOf(ctx, pv.Name)
 			for _, va := range vas {
 				if va.Spec.NodeName == other {
 					return false, err
@@ -335,12 +337,12 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	})
 	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: other}, Spec: storagev1.CSINodeSpec{
 		Drivers: []storagev1.CSINodeDriver{{Name: driverName, NodeID: other}}}}
-	if _, err := c.client.StorageV1().CSINodes().Create(ctx, csiNode, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.StorageV1().CSINodes().Create(ctx, csiNode, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create CSINode %s: %v", other, err)
 	}
-	c.pod(t, ns, "mover", "exclusive", podOptions{node: other, args: []string{"pause"}})
-	c.waitFor(t, "a Multi-Attach event on the second node's pod", func(ctx context.Context) (bool, error) {
-		events, err := c.client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=mover"})
+	c.Pod(t, ns, "mover", "exclusive", kube.PodOptions{Node: other, Args: []string{"pause"}})
+	c.WaitFor(t, "a Multi-Attach event on the second node's pod", func(ctx context.Context) (bool, error) {
+		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=mover"})
 		if err != nil {
 			return false, err
 		}
@@ -352,7 +354,7 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 		}
 		return false, nil
 	})
-	if vas, err := c.attachmentsOf(ctx, pv.Name); err != nil || len(vas) != 1 || vas[0].Spec.NodeName != c.node {
+	if vas, err := c.AttachmentsOf(ctx, pv.Name); err != nil || len(vas) != 1 || vas[0].Spec.NodeName != c.Node {
 		t.Fatalf("VolumeAttachments of %s: %+v (%v), want only the holder's", pv.Name, vas, err)
 	}
 
@@ -361,23 +363,23 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	pvName := pv.Name
 	stale := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: staleVA}, Spec: storagev1.VolumeAttachmentSpec{
 		Attacher: driverName, NodeName: other, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}}}
-	if _, err := c.client.StorageV1().VolumeAttachments().Create(ctx, stale, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.StorageV1().VolumeAttachments().Create(ctx, stale, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create VolumeAttachment %s: %v", staleVA, err)
 	}
-	va := c.attachment(t, pv.Name, other, "with an attachError", func(a *storagev1.VolumeAttachment) bool { return a.Status.AttachError != nil })
+	va := c.Attachment(t, pv.Name, other, "with an attachError", func(a *storagev1.VolumeAttachment) bool { return a.Status.AttachError != nil })
 	msg := va.Status.AttachError.Message
 	t.Logf("VolumeAttachment %s attachError: %s", va.Name, msg)
 	if va.Status.Attached {
 		t.Fatal("the second node's VolumeAttachment says attached")
 	}
 	image := pv.Spec.CSI.VolumeHandle[strings.LastIndex(pv.Spec.CSI.VolumeHandle, "/")+1:]
-	for _, want := range []string{"FailedPrecondition", `"` + c.node + `"`, image} {
+	for _, want := range []string{"FailedPrecondition", `"` + c.Node + `"`, image} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("attachError %q does not mention %q", msg, want)
 		}
 	}
 	// The holder keeps the volume.
-	if held := c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached }); held == nil {
+	if held := c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached }); held == nil {
 		t.Fatal("the holder lost its attachment")
 	}
 
@@ -400,18 +402,18 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 		}
 		for _, a := range r.Attachments {
 			states[a.Node] = a.State
-			if a.Node == other && !strings.Contains(a.Error, c.node) {
-				t.Errorf("volumes shows the error %q, want it to name %s", a.Error, c.node)
+			if a.Node == other && !strings.Contains(a.Error, c.Node) {
+				t.Errorf("volumes shows the error %q, want it to name %s", a.Error, c.Node)
 			}
 		}
 	}
-	if states[c.node] != "attached" || states[other] != "error" {
-		t.Errorf("kubectl spindle volumes shows %v for %s, want %s attached and %s error", states, pv.Name, c.node, other)
+	if states[c.Node] != "attached" || states[other] != "error" {
+		t.Errorf("kubectl spindle volumes shows %v for %s, want %s attached and %s error", states, pv.Name, c.Node, other)
 	}
 	t.Logf("$ kubectl spindle volumes\n%s", c.kubectlSpindle(t, "volumes"))
 	doctor := c.kubectlSpindle(t, "doctor", "--stuck-after", "0s")
 	t.Logf("$ kubectl spindle doctor --stuck-after 0s\n%s", doctor)
-	for _, want := range []string{va.Name, c.node} {
+	for _, want := range []string{va.Name, c.Node} {
 		if !strings.Contains(doctor, want) {
 			t.Errorf("doctor does not mention %s:\n%s", want, doctor)
 		}
@@ -437,7 +439,7 @@ func (c *cluster) kubectlSpindle(t *testing.T, args ...string) string {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("kubectl-spindle is not built (make build): %v", err)
 	}
-	args = append(args, "--kubeconfig", filepath.Join(c.dir, "admin.kubeconfig"), "--node-address", c.node+"="+c.nodeMetricsAddress())
+	args = append(args, "--kubeconfig", filepath.Join(c.Dir, "admin.kubeconfig"), "--node-address", c.Node+"="+c.nodeMetricsAddress())
 	cmd := exec.Command(bin, args...)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
@@ -451,19 +453,19 @@ func (c *cluster) kubectlSpindle(t *testing.T, args ...string) string {
 // the loop device; deleting the claim deletes the PV and the image.
 func TestTeardownLeavesNothing(t *testing.T) {
 	c := connect(t)
-	ns := c.namespace(t)
+	ns := c.Namespace(t)
 	ctx := context.Background()
-	_, pv := c.claim(t, ns, "gone", claimOptions{})
-	c.pod(t, ns, "user", "gone", podOptions{args: []string{"pause"}})
-	c.waitPod(t, ns, "user", corev1.PodRunning)
+	_, pv := c.Claim(t, ns, "gone", kube.ClaimOptions{})
+	c.Pod(t, ns, "user", "gone", kube.PodOptions{Args: []string{"pause"}})
+	c.WaitPod(t, ns, "user", corev1.PodRunning)
 	image := c.imagePath(pv)
 	if devs := loopDevicesOf(t, image); len(devs) != 1 {
 		t.Fatalf("loop devices of the image while in use: %v, want one", devs)
 	}
 
-	c.deletePod(t, ns, "user")
-	c.waitFor(t, "VolumeAttachment gone", func(ctx context.Context) (bool, error) {
-		vas, err := c.attachmentsOf(ctx, pv.Name)
+	c.DeletePod(t, ns, "user")
+	c.WaitFor(t, "VolumeAttachment gone", func(ctx context.Context) (bool, error) {
+		vas, err := c.AttachmentsOf(ctx, pv.Name)
 		return err == nil && len(vas) == 0, err
 	})
 	if devs := loopDevicesOf(t, image); len(devs) != 0 {
@@ -473,11 +475,11 @@ func TestTeardownLeavesNothing(t *testing.T) {
 		t.Fatalf("staging mount left: %+v", m)
 	}
 
-	if err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	c.waitFor(t, "PV deleted", func(ctx context.Context) (bool, error) {
-		_, err := c.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+	c.WaitFor(t, "PV deleted", func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 	if _, err := os.Stat(image); !os.IsNotExist(err) {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spindle-csi/spindle/e2e/kube"
+
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -21,7 +23,7 @@ import (
 
 // chartNodePlugins are the chart's labels of the node plugin pods, which
 // kubectl-spindle finds by default.
-const chartNodePlugins = "app.kubernetes.io/name=spindle,app.kubernetes.io/component=node"
+const chartNodePlugins = kube.ChartNodePlugins
 
 // 9. What an operator sees with the chart's deployment and nothing else:
 // no --node-address, no node annotation. kubectl-spindle reaches the node
@@ -32,11 +34,11 @@ const chartNodePlugins = "app.kubernetes.io/name=spindle,app.kubernetes.io/compo
 func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 	c := connect(t)
 	driverNS := c.chartNamespace(t)
-	ns := c.namespace(t)
-	_, pv := c.claim(t, ns, "viewed", claimOptions{})
-	c.pod(t, ns, "user", "viewed", podOptions{args: []string{"pause"}})
-	c.waitPod(t, ns, "user", corev1.PodRunning)
-	c.attachment(t, pv.Name, c.node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "viewed", kube.ClaimOptions{})
+	c.Pod(t, ns, "user", "viewed", kube.PodOptions{Args: []string{"pause"}})
+	c.WaitPod(t, ns, "user", corev1.PodRunning)
+	c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
 
 	c.checkVolumesThroughProxy(t, pv)
 	describe, _ := c.spindleThroughAPIServer(t, "", "describe", "viewed", "-n", ns)
@@ -46,7 +48,7 @@ func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 		"device:       /dev/loop",
 		"staging path: " + c.stagingPath(pv),
 		"mount:        mounted, ext4, read-only=false",
-		fmt.Sprintf("Pod:        %s/user on %s (Running)", ns, c.node),
+		fmt.Sprintf("Pod:        %s/user on %s (Running)", ns, c.Node),
 	} {
 		if !strings.Contains(describe, want) {
 			t.Errorf("describe does not show %q", want)
@@ -64,7 +66,7 @@ func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 	doctor, code := c.spindleThroughAPIServer(t, viewer, "doctor")
 	t.Logf("$ kubectl spindle doctor --as %s\n%s", viewer, doctor)
 	for _, w := range []string{
-		"[NodePluginUnreachable] node/" + c.node + ": ", "[ControllerUnreachable] controller: ", want,
+		"[NodePluginUnreachable] node/" + c.Node + ": ", "[ControllerUnreachable] controller: ", want,
 		fmt.Sprintf("fix: kubectl create role spindle-operator-pods-proxy -n %s --verb=get --resource=pods/proxy", driverNS),
 	} {
 		if !strings.Contains(doctor, w) {
@@ -85,26 +87,26 @@ func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 func (c *cluster) chartNamespace(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
-	pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: chartNodePlugins})
+	pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: chartNodePlugins})
 	if err != nil {
 		t.Fatalf("list the chart's node plugin pods: %v", err)
 	}
 	if len(pods.Items) == 0 {
 		t.Skipf("the driver is not deployed by the chart (no pod labelled %s): this test runs against DEPLOY=helm", chartNodePlugins)
 	}
-	node, err := c.client.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, c.Node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if addr, ok := node.Annotations["spindle.csi.dev/metrics-address"]; ok {
-		t.Fatalf("node %s has the annotation spindle.csi.dev/metrics-address=%s; the test is about finding the plugin without it", c.node, addr)
+		t.Fatalf("node %s has the annotation spindle.csi.dev/metrics-address=%s; the test is about finding the plugin without it", c.Node, addr)
 	}
 	for _, p := range pods.Items {
-		if p.Spec.NodeName == c.node {
+		if p.Spec.NodeName == c.Node {
 			return p.Namespace
 		}
 	}
-	t.Fatalf("no node plugin pod on %s among %d labelled %s", c.node, len(pods.Items), chartNodePlugins)
+	t.Fatalf("no node plugin pod on %s among %d labelled %s", c.Node, len(pods.Items), chartNodePlugins)
 	return ""
 }
 
@@ -121,13 +123,13 @@ func (c *cluster) checkVolumesThroughProxy(t *testing.T, pv *corev1.PersistentVo
 		t.Fatalf("kubectl spindle volumes -o json: %v\n%s", err, out)
 	}
 	for _, r := range rows {
-		if r.PV == pv.Name && len(r.Attachments) == 1 && r.Attachments[0].Node == c.node && r.Attachments[0].State == "attached" {
+		if r.PV == pv.Name && len(r.Attachments) == 1 && r.Attachments[0].Node == c.Node && r.Attachments[0].State == "attached" {
 			table, _ := c.spindleThroughAPIServer(t, "", "volumes")
 			t.Logf("$ kubectl spindle volumes\n%s", table)
 			return
 		}
 	}
-	t.Errorf("kubectl spindle volumes does not show %s attached to %s:\n%s", pv.Name, c.node, out)
+	t.Errorf("kubectl spindle volumes does not show %s attached to %s:\n%s", pv.Name, c.Node, out)
 }
 
 // checkDoctorThroughProxy: doctor reads the node plugin and the controller
@@ -143,10 +145,10 @@ func (c *cluster) checkDoctorThroughProxy(t *testing.T) {
 	}
 	for _, f := range findings {
 		switch {
-		case f.Kind == "ControllerUnreachable", f.Kind == "NodePluginUnreachable" && f.Node == c.node:
+		case f.Kind == "ControllerUnreachable", f.Kind == "NodePluginUnreachable" && f.Node == c.Node:
 			t.Errorf("doctor could not read through the API server: [%s] %s: %s", f.Kind, f.Object, f.Message)
-		case f.Node == c.node:
-			t.Errorf("doctor finds a problem on %s: [%s] %s: %s", c.node, f.Kind, f.Object, f.Message)
+		case f.Node == c.Node:
+			t.Errorf("doctor finds a problem on %s: [%s] %s: %s", c.Node, f.Kind, f.Object, f.Message)
 		}
 	}
 }
@@ -165,16 +167,16 @@ func (c *cluster) viewerWithoutPodsProxy(t *testing.T) string {
 	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
 		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: name}}}
-	if _, err := c.client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create ClusterRole %s: %v", name, err)
 	}
-	t.Cleanup(func() { _ = c.client.RbacV1().ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{}) })
-	if _, err := c.client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+	t.Cleanup(func() { _ = c.Client.RbacV1().ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{}) })
+	if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create ClusterRoleBinding %s: %v", name, err)
 	}
-	t.Cleanup(func() { _ = c.client.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{}) })
-	c.waitFor(t, "RBAC to let "+name+" list pods", func(ctx context.Context) (bool, error) {
-		review, err := c.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+	t.Cleanup(func() { _ = c.Client.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{}) })
+	c.WaitFor(t, "RBAC to let "+name+" list pods", func(ctx context.Context) (bool, error) {
+		review, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 			Spec: authorizationv1.SubjectAccessReviewSpec{User: name,
 				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods"}},
 		}, metav1.CreateOptions{})
@@ -197,7 +199,7 @@ func (c *cluster) spindleThroughAPIServer(t *testing.T, user string, args ...str
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("kubectl-spindle is not built (make build): %v", err)
 	}
-	args = append(args, "--kubeconfig", filepath.Join(c.dir, "admin.kubeconfig"))
+	args = append(args, "--kubeconfig", filepath.Join(c.Dir, "admin.kubeconfig"))
 	if user != "" {
 		args = append(args, "--as", user)
 	}

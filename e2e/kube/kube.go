@@ -1,0 +1,304 @@
+// Package kube is what Spindle's Kubernetes end-to-end tests share: a
+// client of the cluster under test and the steps every test takes through
+// the API (a namespace per test, claims, pods, VolumeAttachments), with
+// waits that fail the test after Timeout. The tests observe through the API
+// server, so they run unchanged on the local cluster, kind or a real one.
+package kube
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+const (
+	DriverName = "spindle.csi.dev"
+	// PodImage is e2e/cmd/spindle-e2e-pod's image (write, verify, pause).
+	PodImage = "local.test/spindle-e2e-pod:1"
+	// Timeout bounds every wait; the steps take seconds on this machine,
+	// tens of seconds on emulated worker nodes.
+	Timeout = 3 * time.Minute
+)
+
+// Cluster is a running cluster the tests use.
+type Cluster struct {
+	Dir     string // CLUSTER_DIR of hack/local-cluster
+	Node    string // the default node for pods
+	Config  *rest.Config
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+}
+
+// Connect returns the cluster of SPINDLE_E2E_CLUSTER_DIR (its
+// admin.kubeconfig), checking that node exists; without that variable the
+// test skips, saying how to get a cluster.
+func Connect(t testing.TB, node string) *Cluster {
+	t.Helper()
+	dir := os.Getenv("SPINDLE_E2E_CLUSTER_DIR")
+	if dir == "" {
+		t.Skip("no Kubernetes cluster: run `make e2e`, or hack/local-cluster/up.sh and set SPINDLE_E2E_CLUSTER_DIR")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
+	if err != nil {
+		t.Fatalf("kubeconfig of the cluster in %s: %v", dir, err)
+	}
+	c := &Cluster{Dir: dir, Node: node, Config: cfg}
+	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Client.CoreV1().Nodes().Get(ctx, c.Node, metav1.GetOptions{}); err != nil {
+		t.Fatalf("cluster in %s is not reachable or has no node %s: %v", dir, c.Node, err)
+	}
+	return c
+}
+
+// Namespace creates a namespace for one test and deletes it, with
+// everything in it, when the test ends; the test's PVs must be gone too.
+func (c *Cluster) Namespace(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	name := "e2e-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	name = strings.TrimRight(name, "-")
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		// Pods first (their volumes detach), then the claims (their
+		// volumes are deleted), then the namespace.
+		zero := int64(0)
+		_ = c.Client.CoreV1().Pods(name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		c.WaitFor(t, "pods of "+name+" gone", func(ctx context.Context) (bool, error) {
+			l, err := c.Client.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
+			return err == nil && len(l.Items) == 0, err
+		})
+		_ = c.Client.CoreV1().PersistentVolumeClaims(name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		c.WaitFor(t, "volumes of "+name+" deleted", func(ctx context.Context) (bool, error) {
+			l, err := c.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, pv := range l.Items {
+				if ref := pv.Spec.ClaimRef; ref != nil && ref.Namespace == name {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		_ = c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	return name
+}
+
+// WaitFor polls cond until it holds, failing the test after Timeout.
+func (c *Cluster) WaitFor(t testing.TB, what string, cond func(context.Context) (bool, error)) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, Timeout, true, func(ctx context.Context) (bool, error) {
+		ok, err := cond(ctx)
+		if err != nil {
+			last = err
+		}
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v (last error: %v)", what, err, last)
+	}
+}
+
+type ClaimOptions struct {
+	StorageClass string // default spindle-ext4
+	Size         string // default 1Gi
+	Block        bool
+	AccessMode   corev1.PersistentVolumeAccessMode // default ReadWriteOnce
+	DataSource   *corev1.TypedLocalObjectReference
+}
+
+// Claim creates a PVC and waits until it is bound; it returns the claim and its PV.
+func (c *Cluster) Claim(t testing.TB, ns, name string, o ClaimOptions) (*corev1.PersistentVolumeClaim, *corev1.PersistentVolume) {
+	t.Helper()
+	ctx := context.Background()
+	if o.StorageClass == "" {
+		o.StorageClass = "spindle-ext4"
+	}
+	if o.Size == "" {
+		o.Size = "1Gi"
+	}
+	if o.AccessMode == "" {
+		o.AccessMode = corev1.ReadWriteOnce
+	}
+	mode := corev1.PersistentVolumeFilesystem
+	if o.Block {
+		mode = corev1.PersistentVolumeBlock
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{o.AccessMode},
+			StorageClassName: &o.StorageClass,
+			VolumeMode:       &mode,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(o.Size)}},
+			DataSource:       o.DataSource,
+		},
+	}
+	if _, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PVC %s: %v", name, err)
+	}
+	c.WaitFor(t, "PVC "+name+" Bound", func(ctx context.Context) (bool, error) {
+		got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pvc = got
+		return got.Status.Phase == corev1.ClaimBound, nil
+	})
+	pv, err := c.Client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("PV of %s: %v", name, err)
+	}
+	return pvc, pv
+}
+
+type PodOptions struct {
+	Node  string // defaults to the cluster's node
+	Args  []string
+	Block bool // the claim is attached as a device at /dev/xvda
+}
+
+// Pod starts a pod that mounts claim at /data (or gets it at /dev/xvda) and
+// runs the e2e image with args; hostNetwork, since the node has no pod network.
+func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev1.Pod {
+	t.Helper()
+	if o.Node == "" {
+		o.Node = c.Node
+	}
+	container := corev1.Container{
+		Name: "e2e", Image: PodImage, ImagePullPolicy: corev1.PullNever, Args: o.Args,
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+	}
+	if o.Block {
+		container.VolumeDevices = []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}}
+	} else {
+		container.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	}
+	grace := int64(1)
+	noToken := false
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName:                      o.Node,
+			HostNetwork:                   true,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: &grace,
+			AutomountServiceAccountToken:  &noToken,
+			Containers:                    []corev1.Container{container},
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+			}}},
+		},
+	}
+	created, err := c.Client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create pod %s: %v", name, err)
+	}
+	return created
+}
+
+// WaitPod waits for the pod to reach phase and returns it; a pod that
+// reaches a final phase other than the one wanted fails the test with its
+// termination message.
+func (c *Cluster) WaitPod(t testing.TB, ns, name string, phase corev1.PodPhase) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	c.WaitFor(t, fmt.Sprintf("pod %s %s", name, phase), func(ctx context.Context) (bool, error) {
+		got, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = got
+		if got.Status.Phase != phase && (got.Status.Phase == corev1.PodSucceeded || got.Status.Phase == corev1.PodFailed) {
+			return false, fmt.Errorf("pod %s ended %s: %s", name, got.Status.Phase, TerminationMessage(got))
+		}
+		return got.Status.Phase == phase, nil
+	})
+	return pod
+}
+
+func TerminationMessage(pod *corev1.Pod) string {
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.State.Terminated != nil {
+			return strings.TrimSpace(s.State.Terminated.Message)
+		}
+	}
+	return ""
+}
+
+// DeletePod deletes a pod and waits until it is gone.
+func (c *Cluster) DeletePod(t testing.TB, ns, name string) {
+	t.Helper()
+	if err := c.Client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatalf("delete pod %s: %v", name, err)
+	}
+	c.WaitFor(t, "pod "+name+" gone", func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+}
+
+// Attachment waits for the VolumeAttachment of pv on node to satisfy cond.
+func (c *Cluster) Attachment(t testing.TB, pv, node string, what string, cond func(*storagev1.VolumeAttachment) bool) *storagev1.VolumeAttachment {
+	t.Helper()
+	var va *storagev1.VolumeAttachment
+	c.WaitFor(t, fmt.Sprintf("VolumeAttachment of %s on %s %s", pv, node, what), func(ctx context.Context) (bool, error) {
+		l, err := c.Client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for i := range l.Items {
+			a := &l.Items[i]
+			if a.Spec.Attacher == DriverName && a.Spec.NodeName == node && a.Spec.Source.PersistentVolumeName != nil && *a.Spec.Source.PersistentVolumeName == pv {
+				va = a
+				return cond(a), nil
+			}
+		}
+		return false, nil
+	})
+	return va
+}
+
+// AttachmentsOf lists the VolumeAttachments of a PV.
+func (c *Cluster) AttachmentsOf(ctx context.Context, pv string) ([]storagev1.VolumeAttachment, error) {
+	l, err := c.Client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []storagev1.VolumeAttachment
+	for _, a := range l.Items {
+		if a.Spec.Source.PersistentVolumeName != nil && *a.Spec.Source.PersistentVolumeName == pv {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
