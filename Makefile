@@ -26,7 +26,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
+.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-multinode e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
 
 all: build
 
@@ -94,6 +94,11 @@ bench-k8s: deps
 # it down; ends with "N passed, M failed".
 e2e: deps
 	hack/local-cluster/e2e.sh
+
+# The multi-node tests (e2e/multinode): two worker nodes in qemu guests with
+# their own kernels, Ceph and tgtd on this machine, Spindle from the chart.
+e2e-multinode: deps
+	hack/local-cluster/multinode.sh
 
 # The Kubernetes external storage suite (e2e.test) for each StorageClass in
 # e2e/storage; too long for CI (its run time is in docs/testing.md).

@@ -5,7 +5,8 @@
 # host asks it to stop (hack/local-cluster/workers.sh down) or kills it.
 #
 # The share (workers.sh writes it) holds:
-#   node.env   NODE_NAME NODE_IP POD_SUBNET APISERVER
+#   node.env   NODE_NAME NODE_IP GATEWAY POD_SUBNET APISERVER, SHARED_DIRS
+#              ("TAG=DIR ...": the host's directories to mount at DIR)
 #   bin/       kubelet, containerd, containerd-shim-runc-v2, runc, ctr
 #   cni/       the CNI plugins (bridge, host-local, loopback)
 #   pki/       ca.crt, the node's client certificate (system:node:NAME) and
@@ -25,7 +26,7 @@ SHARE=/mnt/share
 OUT=$SHARE/out
 # shellcheck source=/dev/null
 . "$SHARE/node.env"
-export PATH="$SHARE/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 t0=$(cut -d' ' -f1 /proc/uptime)
 say() { echo "worker $NODE_NAME [$(cut -d' ' -f1 /proc/uptime)s]: $*"; }
 
@@ -41,6 +42,12 @@ sysctl -qw net.ipv4.ip_forward=1
 modprobe -q overlay
 modprobe -q br_netfilter || true
 
+# --- shared storage: the host's directories over 9p, at the same paths.
+for spec in ${SHARED_DIRS:-}; do
+  mkdir -p "${spec#*=}"
+  mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 "${spec%%=*}" "${spec#*=}"
+done
+
 # --- the node's disk: formatted once (never when it holds any signature).
 DATA=/var/lib/spindle-node
 mkdir -p "$DATA"
@@ -55,6 +62,16 @@ mount --bind "$DATA/containerd" /var/lib/containerd
 mount --bind "$DATA/kubelet" /var/lib/kubelet
 # Mount propagation for the node plugin's Bidirectional mounts.
 mount --make-rshared /var/lib/kubelet
+# The programs, copied to the node's disk when they changed: run from the
+# 9p share, runc hung in 9p reads under load and pods could not be killed.
+for dir in bin cni; do
+  mkdir -p "$DATA/$dir"
+  for f in "$SHARE/$dir"/*; do
+    local_copy=$DATA/$dir/$(basename "$f")
+    [ "$(stat -c %s.%Y "$f")" = "$(stat -c %s.%Y "$local_copy" 2>/dev/null)" ] || cp -p "$f" "$local_copy"
+  done
+done
+export PATH="$DATA/bin:$PATH"
 mkdir -p /etc/kubernetes/pki /etc/cni/net.d /run/containerd
 cp "$SHARE"/pki/* /etc/kubernetes/pki/
 
@@ -77,10 +94,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "$SHARE/bin/runc"
+        BinaryName = "$DATA/bin/runc"
         SystemdCgroup = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$SHARE/cni"
+    bin_dir = "$DATA/cni"
     conf_dir = "/etc/cni/net.d"
 CT
 # The pods' default route is the node (the bridge's address), which routes

@@ -38,6 +38,9 @@ WORKERS=${WORKERS:-2}
 WORKER_MEM=${WORKER_MEM:-1536}
 WORKER_SMP=${WORKER_SMP:-2}
 WORKER_DISK=${WORKER_DISK:-8G}
+# WORKER_SHARED_DIRS: directories of this machine every worker mounts at the
+# same path (9p), as shared storage would be, e.g. an iSCSI pool.
+WORKER_SHARED_DIRS=${WORKER_SHARED_DIRS:-}
 JOIN_TIMEOUT=${JOIN_TIMEOUT:-600}
 W=$CLUSTER_DIR/workers
 P=$CLUSTER_DIR/pki
@@ -82,6 +85,13 @@ network_up() {
   fi
 }
 
+# shared_specs: WORKER_SHARED_DIRS as run.sh's VM_EXTRA_SHARES (TAG=DIR).
+shared_specs() {
+  local k=0 dir specs=()
+  for dir in $WORKER_SHARED_DIRS; do specs+=("shared$k=$dir"); k=$((k + 1)); done
+  echo "${specs[*]}"
+}
+
 # prepare I: the worker's certificates, share and disk (kept if present).
 prepare() {
   local i=$1 name ip d s
@@ -97,7 +107,8 @@ prepare() {
   for b in containerd containerd-shim-runc-v2 ctr; do link "$DEBS/usr/bin/$b" "$s/bin/$b"; done
   link "$DEBS/usr/sbin/runc" "$s/bin/runc"
   for b in bridge host-local loopback; do link "$DEBS/usr/lib/cni/$b" "$s/cni/$b"; done
-  for img in "$CLUSTER_DIR"/images/*.tar "$CLUSTER_DIR"/images/chart/*.tar; do
+  rm -f "$s"/images/*.tar
+  for img in "$CLUSTER_DIR"/images/*.tar; do
     [ -e "$img" ] && link "$img" "$s/images/$(basename "$img")"
   done
   if [ ! -s "$s/pki/node-client.crt" ]; then
@@ -121,6 +132,7 @@ NODE_IP=$ip
 GATEWAY=$VM_HOST_IP
 POD_SUBNET=$(worker_subnet "$i")
 APISERVER=https://$VM_UPLINK_HOST_IP:6443
+SHARED_DIRS="$(shared_specs)"
 ENV
   [ -e "$d/disk.img" ] || truncate -s "$WORKER_DISK" "$d/disk.img"
   # Routes: this machine -> the worker's pods via the namespace, the
@@ -136,7 +148,7 @@ boot() {
   [ -z "$(runner_pid "$name")" ] || { echo "workers: $name is already running"; return 0; }
   rm -f "$d/share/stop"
   date +%s.%N >"$d/boot.started"
-  VM_ID=$i VM_DISK=$d/disk.img MEM=$WORKER_MEM SMP=$WORKER_SMP TIMEOUT=${WORKER_TIMEOUT:-86400} \
+  VM_ID=$i VM_DISK=$d/disk.img VM_EXTRA_SHARES="$(shared_specs)" MEM=$WORKER_MEM SMP=$WORKER_SMP TIMEOUT=${WORKER_TIMEOUT:-86400} \
     setsid "$REPO/hack/vm/run.sh" "$d/share" >"$LOGS/worker-$name.log" 2>&1 </dev/null &
   echo $! >"$d/run.pid"
 }
@@ -176,9 +188,18 @@ up)
   kubectl get --raw /readyz >/dev/null 2>&1 || die "the local cluster is not running (hack/local-cluster/up.sh)"
   [ -s "$GUEST_DIR/rootfs.img" ] || "$REPO/hack/vm/build.sh"
   network_up
-  for ((i = 1; i <= n; i++)); do prepare "$i"; boot "$i"; done
+  booted=()
+  for ((i = 1; i <= n; i++)); do
+    if [ -n "$(runner_pid "$(worker_name "$i")")" ]; then continue; fi
+    prepare "$i"
+    boot "$i"
+    booted+=("$(worker_name "$i")")
+  done
+  # Each in the background, so that each one's time is its own.
+  pids=()
+  for name in "${booted[@]}"; do wait_ready "$name" & pids+=($!); done
   rc=0
-  for ((i = 1; i <= n; i++)); do wait_ready "$(worker_name "$i")" || rc=1; done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
   exit $rc
   ;;
 start)

@@ -32,6 +32,9 @@
 #                  MAC. Guests with different VM_IDs run at once
 #   VM_DISK=FILE   a raw disk image the guest sees as /dev/vdb (kept: for
 #                  state that outlives a boot, e.g. a worker node's)
+#   VM_EXTRA_SHARES="TAG=DIR ..."  more host directories over 9p, each under
+#                  its mount tag (the guest mounts them itself), e.g. a pool
+#                  that several guests share
 #   VM_VERBOSE=1   full boot messages on the console (default: quiet boot)
 #   VM_APPEND=...  more kernel command line
 #   INTERACTIVE=1  no run.sh: a root shell on the serial console (SHAREDIR is
@@ -136,6 +139,11 @@ if [ -n "${VM_DISK:-}" ]; then
   [ -f "$VM_DISK" ] || die "VM_DISK=$VM_DISK is not a file"
   DISK_ARGS=(-drive "file=$VM_DISK,if=virtio,format=raw,cache=writeback,discard=unmap")
 fi
+for spec in ${VM_EXTRA_SHARES:-}; do
+  tag=${spec%%=*} dir=${spec#*=}
+  if [ ! -d "$dir" ] || [ -z "$tag" ]; then die "VM_EXTRA_SHARES: $spec is not TAG=DIRECTORY"; fi
+  DISK_ARGS+=(-virtfs "local,path=$(realpath "$dir"),mount_tag=$tag,security_model=none,multidevs=remap,id=$tag")
+done
 SHARE_ARGS=()
 if [ -n "$SHARE" ]; then
   # multidevs=remap: inode numbers stay unique if SHAREDIR spans filesystems.

@@ -62,16 +62,18 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end -}}
 
-{{/* The host directories of the backends, mounted at the same path:
+{{/* The host directories of the backends' image pools (loop, iSCSI: the
+controller and every node plugin read them), mounted at the same path:
 one "name=path" per line. */}}
 {{- define "spindle.poolDirs" -}}
 {{- $seen := dict -}}
 {{- range .Values.config.backends -}}
-{{- if and (eq .type "loop") .loop -}}
-{{- if not (hasKey $seen .loop.poolDir) -}}
-pool-{{ len $seen }}={{ .loop.poolDir }}
-{{- $_ := set $seen .loop.poolDir true }}
-{{- end -}}
+{{- $dir := "" -}}
+{{- if and (eq .type "loop") .loop -}}{{- $dir = .loop.poolDir -}}{{- end -}}
+{{- if and (eq .type "iscsi") .iscsi -}}{{- $dir = .iscsi.poolDir -}}{{- end -}}
+{{- if and $dir (not (hasKey $seen $dir)) -}}
+pool-{{ len $seen }}={{ $dir }}
+{{- $_ := set $seen $dir true }}
 {{- end -}}
 {{- end -}}
 {{- end -}}

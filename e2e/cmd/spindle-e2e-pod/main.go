@@ -40,13 +40,16 @@ func main() {
 	}
 	if msg != "" {
 		report(msg)
-		fmt.Println(msg)
 	}
 }
 
 // report writes the termination message (best effort: the pause image has
-// no termination log).
-func report(msg string) { _ = os.WriteFile(terminationLog, []byte(msg), 0o644) }
+// no termination log) and prints it, so that a pod that keeps running
+// tells it through its log too.
+func report(msg string) {
+	_ = os.WriteFile(terminationLog, []byte(msg), 0o644)
+	fmt.Println(msg)
+}
 
 func run(args []string) (string, error) {
 	if len(args) == 0 {
