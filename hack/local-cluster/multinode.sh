@@ -200,7 +200,7 @@ phase build $((SECONDS - t))
 
 down # what a killed run left behind
 rm -rf "$CLUSTER_DIR".failed-*
-if [ "$1" = up ]; then
+if [ "${1:-all}" = up ]; then
   up
   echo "multinode: up; KUBECONFIG=$KUBECONFIG ${TEST_ENV[*]} go test ./e2e/multinode/"
   exit 0
