@@ -179,9 +179,12 @@ func TestKRBDSysfsIdentityAndUnmap(t *testing.T) {
 }
 
 // rbd-nbd: devices come from "rbd device list -t nbd"; unmap by device.
+// The list is what Ceph 16.2.15 prints on Debian's 6.1 kernel (the id is
+// the rbd-nbd process, the image is "image", not krbd's "name", and the
+// snapshot is empty, not "-").
 func TestNBDListAndUnmap(t *testing.T) {
-	list := `[{"id":"4242","pool":"kube","namespace":"","name":"` + testImage + `","snap":"-","device":"/dev/nbd7"},` +
-		`{"id":"4243","pool":"kube","namespace":"","name":"csi-vol-ffffffffffffffffffffffffffffffff","snap":"-","device":"/dev/nbd8"}]`
+	list := `[{"id":437,"pool":"kube","namespace":"","image":"` + testImage + `","snap":"","device":"/dev/nbd7","cookie":""},` +
+		`{"id":496,"pool":"kube","namespace":"","image":"csi-vol-ffffffffffffffffffffffffffffffff","snap":"","device":"/dev/nbd8","cookie":""}]`
 	script := commandtest.New(t,
 		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
 		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
