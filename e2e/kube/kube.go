@@ -302,3 +302,25 @@ func (c *Cluster) AttachmentsOf(ctx context.Context, pv string) ([]storagev1.Vol
 	}
 	return out, nil
 }
+
+// WaitMultiAttach waits for the attach-detach controller's Multi-Attach
+// event on a pod (a single-node volume that another node holds) and
+// returns its message.
+func (c *Cluster) WaitMultiAttach(t testing.TB, ns, pod string) string {
+	t.Helper()
+	var msg string
+	c.WaitFor(t, "a Multi-Attach event on pod "+pod, func(ctx context.Context) (bool, error) {
+		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "FailedAttachVolume" && strings.Contains(e.Message, "Multi-Attach error") {
+				msg = e.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return msg
+}

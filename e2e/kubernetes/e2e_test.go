@@ -341,19 +341,7 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 		t.Fatalf("create CSINode %s: %v", other, err)
 	}
 	c.Pod(t, ns, "mover", "exclusive", kube.PodOptions{Node: other, Args: []string{"pause"}})
-	c.WaitFor(t, "a Multi-Attach event on the second node's pod", func(ctx context.Context) (bool, error) {
-		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=mover"})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == "FailedAttachVolume" && strings.Contains(e.Message, "Multi-Attach error") {
-				t.Logf("event on pod mover: %s", e.Message)
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	t.Logf("event on pod mover: %s", c.WaitMultiAttach(t, ns, "mover"))
 	if vas, err := c.AttachmentsOf(ctx, pv.Name); err != nil || len(vas) != 1 || vas[0].Spec.NodeName != c.Node {
 		t.Fatalf("VolumeAttachments of %s: %+v (%v), want only the holder's", pv.Name, vas, err)
 	}

@@ -109,19 +109,7 @@ func TestRWOVolumeNeverOnTwoNodes(t *testing.T) {
 	c.WaitLogLine(t, ns, "holder", "wrote ")
 
 	c.Pod(t, ns, "intruder", "exclusive", kube.PodOptions{Node: c.b, Args: []string{"pause"}})
-	c.WaitFor(t, "a Multi-Attach event on the pod on "+c.b, func(ctx context.Context) (bool, error) {
-		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=intruder"})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == "FailedAttachVolume" && strings.Contains(e.Message, "Multi-Attach error") {
-				t.Logf("event on pod intruder: %s", e.Message)
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	t.Logf("event on pod intruder on %s: %s", c.b, c.WaitMultiAttach(t, ns, "intruder"))
 
 	// A VolumeAttachment for the second node, as a controller with a stale
 	// view would write it: the driver refuses it and names the holder.

@@ -51,13 +51,7 @@ for deploy in ${DEPLOYS:-process helm}; do
   SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE SPINDLE_HELM=$("$REPO/hack/helm.sh") \
     go test -count=1 -v -timeout 30m "${skip[@]}" "${packages[@]}" 2>&1 | tee "$out"
   phase "tests ($deploy)" $((SECONDS - t))
-  passed=$(grep -c '^--- PASS' "$out")
-  failed=$(grep -c '^--- FAIL' "$out")
-  skipped=$(grep -c '^--- SKIP' "$out")
-  if ! grep -q '^\(ok\|FAIL\)' "$out" || [ "$skipped" -gt 0 ] || [ $((passed + failed)) -eq 0 ]; then
-    # The package did not build, panicked, or skipped: that is a failure.
-    failed=$((failed + skipped + 1))
-  fi
+  count_results "$out"
   rm -f "$out"
   echo "e2e[$deploy]: $passed passed, $failed failed"
   total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed))

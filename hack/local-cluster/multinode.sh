@@ -212,13 +212,7 @@ t=$SECONDS
 out=$(mktemp)
 env "${TEST_ENV[@]}" go test -count=1 -v -timeout 60m ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
-passed=$(grep -c '^--- PASS' "$out")
-failed=$(grep -c '^--- FAIL' "$out")
-skipped=$(grep -c '^--- SKIP' "$out")
-if ! grep -q '^\(ok\|FAIL\)' "$out" || [ "$skipped" -gt 0 ] || [ $((passed + failed)) -eq 0 ]; then
-  # The package did not build, panicked, or skipped: that is a failure.
-  failed=$((failed + skipped + 1))
-fi
+count_results "$out"
 rm -f "$out"
 if [ "$failed" -gt 0 ]; then
   trap - EXIT
