@@ -188,7 +188,8 @@ type PodOptions struct {
 }
 
 // Pod starts a pod that mounts claim at /data (or gets it at /dev/xvda) and
-// runs the e2e image with args; hostNetwork, since the node has no pod network.
+// runs the e2e image with args; hostNetwork, since the local cluster's own
+// node has no pod network that reaches beyond it (its worker guests do).
 func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev1.Pod {
 	t.Helper()
 	if o.Node == "" {
