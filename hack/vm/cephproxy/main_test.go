@@ -24,7 +24,10 @@ func TestRunOnTheHost(t *testing.T) {
 		wantError  string
 	}{
 		{name: "stdout and status", req: request{Tool: "rbd", Args: []string{"--version"}}, wantStdout: "ceph version "},
-		{name: "failure status and stderr", req: request{Tool: "rbd", Args: []string{"bogus"}}, wantExit: 1, wantStderr: "unknown option 'bogus'"},
+		// A readable conf keeps rbd's config warnings, which another thread
+		// writes, from landing in the middle of its usage error.
+		{name: "failure status and stderr", req: request{Tool: "rbd", Args: []string{"bogus", "-c", "/guest/ceph.conf"}, Files: map[int][]byte{2: []byte("[global]\n")}},
+			wantExit: 1, wantStderr: "unknown option 'bogus'"},
 		// The guest's conf travels as content: a conf the host parses and
 		// rejects shows it reached rbd (the guest's path does not exist here).
 		{name: "file argument", req: request{Tool: "rbd", Args: []string{"ls", "-c", "/guest/only/ceph.conf"}, Files: map[int][]byte{2: []byte("[global\n")}},
