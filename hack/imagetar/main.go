@@ -7,9 +7,12 @@
 //	    -entrypoint /usr/local/bin/spindle \
 //	    -file bin/spindle:/usr/local/bin/spindle -program mkfs.ext4 -program blkid
 //
-// -file copies one file; -program copies a program found on PATH together
-// with the shared libraries ldd reports for it (and the dynamic loader), so
-// the image's tools run exactly as they do on the host. With -merged-usr the
+// -file copies one file; -tree copies a directory with its files,
+// directories and symlinks (a package's data, e.g. PostgreSQL's share
+// directory); -program copies a program found on PATH together with the
+// shared libraries ldd reports for it (and the dynamic loader), so the
+// image's tools run exactly as they do on the host. -user sets the user the
+// image's processes run as. With -merged-usr the
 // image has Debian's merged /usr like the host: /bin, /sbin, /lib and /lib64
 // are symlinks into /usr, and files are stored under /usr, so scripts'
 // "#!/bin/sh" and the loader path /lib64/ld-linux-x86-64.so.2 resolve. The layer is written
@@ -53,14 +56,17 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("imagetar", flag.ContinueOnError)
 	tag := fs.String("tag", "", "image reference, e.g. local.test/spindle:dev (required)")
 	out := fs.String("o", "", "output tarball (required)")
-	var entrypoint, cmd, files, programs, envs, dirs, symlinks listFlag
+	var entrypoint, cmd, files, trees, excludes, programs, envs, dirs, symlinks listFlag
 	fs.Var(&entrypoint, "entrypoint", "entrypoint argument (repeat for each)")
 	fs.Var(&cmd, "cmd", "default command argument (repeat for each)")
 	fs.Var(&files, "file", "SRC[:DST] file to copy into the image (DST defaults to SRC)")
+	fs.Var(&trees, "tree", "SRC[:DST] directory to copy with everything in it (DST defaults to SRC)")
+	fs.Var(&excludes, "exclude", "name pattern (path.Match) of what -tree leaves out, e.g. __pycache__")
 	fs.Var(&programs, "program", "program on PATH to copy with its shared libraries")
 	fs.Var(&envs, "env", "KEY=VALUE in the image config")
 	fs.Var(&dirs, "dir", "empty directory to create in the image")
 	fs.Var(&symlinks, "symlink", "LINK:TARGET symlink to create in the image")
+	user := fs.String("user", "", "user (UID[:GID]) the image's processes run as; default root")
 	mergedUsr := fs.Bool("merged-usr", false, "make /bin, /sbin, /lib and /lib64 symlinks into /usr and store files there")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -90,6 +96,15 @@ func run(args []string) error {
 			return err
 		}
 	}
+	for _, tr := range trees {
+		src, dst, _ := strings.Cut(tr, ":")
+		if dst == "" {
+			dst = src
+		}
+		if err := layer.tree(src, dst, excludes); err != nil {
+			return err
+		}
+	}
 	for _, p := range programs {
 		if err := layer.program(p); err != nil {
 			return err
@@ -102,7 +117,7 @@ func run(args []string) error {
 		}
 		layer.symlink(layer.canon(link), target)
 	}
-	return write(*out, *tag, layer, entrypoint, cmd, envs)
+	return write(*out, *tag, layer, imageConfig{Entrypoint: entrypoint, Cmd: cmd, Env: envs, User: *user})
 }
 
 // layer is the image's single filesystem layer, keyed by path in the image.
@@ -168,6 +183,55 @@ func (l *layer) file(src, dst string) error {
 	l.dir(path.Dir(dst))
 	l.entries[dst] = entry{kind: tar.TypeReg, src: src, mode: int64(st.Mode().Perm())}
 	return nil
+}
+
+// tree copies the directory src to dst: its regular files with their
+// permissions, its directories and its symlinks as symlinks (their targets
+// unchanged, so relative links inside the tree keep working), leaving out
+// what has a name that matches one of excludes.
+func (l *layer) tree(src, dst string, excludes []string) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("-tree %s is not a directory", src)
+	}
+	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		for _, pattern := range excludes {
+			if matched, err := path.Match(pattern, d.Name()); err != nil {
+				return fmt.Errorf("-exclude %q: %w", pattern, err)
+			} else if matched && p != src {
+				if d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		to := path.Join(dst, filepath.ToSlash(rel))
+		switch {
+		case d.IsDir():
+			l.dir(to)
+		case d.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			l.symlink(l.canon(to), target)
+		case d.Type().IsRegular():
+			return l.file(p, to)
+		default:
+			return fmt.Errorf("-tree %s: %s is neither a file, a directory nor a symlink", src, p)
+		}
+		return nil
+	})
 }
 
 var lddLine = regexp.MustCompile(`(?:=>\s*)?(/\S+)\s+\(0x`)
@@ -247,8 +311,14 @@ func (l *layer) tar(w io.Writer) error {
 	return tw.Close()
 }
 
+// imageConfig is what the image's config says about running it.
+type imageConfig struct {
+	Entrypoint, Cmd, Env []string
+	User                 string
+}
+
 // write puts layer.tar, the image config and manifest.json into out.
-func write(out, tag string, l *layer, entrypoint, cmd, env []string) error {
+func write(out, tag string, l *layer, ic imageConfig) error {
 	var layerTar bytes.Buffer
 	if err := l.tar(&layerTar); err != nil {
 		return err
@@ -257,9 +327,10 @@ func write(out, tag string, l *layer, entrypoint, cmd, env []string) error {
 	config := map[string]any{
 		"architecture": "amd64",
 		"os":           "linux",
-		"config":       map[string]any{"Entrypoint": entrypoint, "Cmd": cmd, "Env": append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
-		"created":      "1970-01-01T00:00:00Z",
+		"config": map[string]any{"Entrypoint": ic.Entrypoint, "Cmd": ic.Cmd, "User": ic.User,
+			"Env": append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, ic.Env...)},
+		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
+		"created": "1970-01-01T00:00:00Z",
 	}
 	configJSON, err := json.Marshal(config)
 	if err != nil {
