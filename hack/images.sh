@@ -16,12 +16,16 @@
 #                         the other tags the suite names), glibc-dns-testing and
 #                         nginx: Debian's busybox-static with every applet (the
 #                         storage tests run only shell commands in them)
+#   postgres.tar          local.test/postgres:15: Debian's PostgreSQL server,
+#                         initdb, psql and pgbench, run as user postgres
+#                         (999); its entrypoint spindle-postgres initialises
+#                         $PGDATA once and runs the server (make e2e-multinode)
 #   agnhost.tar           registry.k8s.io/e2e-test-images/agnhost:2.63.0:
 #                         agnhost built from k8s.io/kubernetes, with busybox
 #                         (hack/images.sh e2e; the names and tags the
 #                         Kubernetes e2e suite asks for, `e2e.test --list-images`)
 #
-#   hack/images.sh [driver|sidecars|e2e|all]     (default all: driver and sidecars)
+#   hack/images.sh [driver|sidecars|e2e|postgres|all]   (default all: driver and sidecars)
 #
 # IMAGES_DIR (default build/images) receives the tarballs; TAG (default dev)
 # tags the driver image. The sidecar tags are build.sh's pinned versions.
@@ -57,8 +61,26 @@ driver() {
   local p f
   for p in "${PROGRAMS[@]}"; do args+=(-program "$p"); done
   for f in "${FILES[@]}"; do args+=(-file "$f"); done
+  ceph_cli args
   imagetar "${args[@]}"
   rm -f "$OUT/spindle"
+}
+
+# ceph_cli ARRAY: adds to the imagetar arguments in ARRAY the ceph CLI, with
+# which the RBD controller fences a lost node (ceph osd blocklist add). It
+# is a Python program: Debian's python3, its standard library without its
+# tests, caches and static library, and the Ceph modules it imports.
+ceph_cli() {
+  local -n to=$1
+  local py=/usr/bin/python3 ver dist=/usr/lib/python3/dist-packages f
+  ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  to+=(-program ceph -program "$py" -tree "/usr/lib/python$ver"
+    -exclude __pycache__ -exclude 'config-*' -exclude test -exclude tests -exclude idlelib
+    -exclude tkinter -exclude turtledemo -exclude ensurepip -exclude lib2to3 -exclude pydoc_data
+    -file "$dist/ceph_argparse.py" -file "$dist/ceph_daemon.py" -tree "$dist/prettytable" -tree "$dist/wcwidth")
+  for f in "$dist"/rados.cpython-*.so; do to+=(-file "$f"); done
+  # prettytable reads its version from its package metadata.
+  for f in "$dist"/prettytable-*.dist-info; do to+=(-tree "$f"); done
 }
 
 # name version: the image of one sidecar binary from build.sh.
@@ -126,11 +148,58 @@ e2e() {
     -file "$CACHE/bin/agnhost:/agnhost" -symlink /agnhost-2:agnhost -dir /uploads -entrypoint /agnhost -cmd pause
 }
 
+# The database the multi-node tests run on an RBD volume: this machine's
+# PostgreSQL (hack/install-deps.sh installs it), as a non-root server. The
+# test database trusts every client; it holds nothing secret.
+postgres() {
+  local bin=/usr/lib/postgresql/$PG_MAJOR/bin share=/usr/share/postgresql/$PG_MAJOR
+  [ -x "$bin/postgres" ] || { echo "images: $bin/postgres missing; run hack/install-deps.sh" >&2; exit 1; }
+  echo "images: local.test/postgres:$PG_MAJOR" >&2
+  local tmp
+  tmp=$(mktemp -d)
+  printf 'root:x:0:0:root:/root:/bin/sh\npostgres:x:999:999:PostgreSQL:/var/lib/postgresql:/bin/sh\n' >"$tmp/passwd"
+  printf 'root:x:0:\npostgres:x:999:\n' >"$tmp/group"
+  cat >"$tmp/spindle-postgres" <<'SCRIPT'
+#!/bin/sh
+# Initialises $PGDATA once (a fresh volume), then runs the server in the
+# foreground: every address, trust authentication, and the durability
+# settings a database owner runs with (fsync, synchronous commit, full
+# page writes), small enough for an emulated node.
+set -eu
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  initdb --no-locale --encoding=UTF8 --auth=trust --username=postgres "$PGDATA"
+  echo "host all all 0.0.0.0/0 trust" >>"$PGDATA/pg_hba.conf"
+fi
+exec postgres -c listen_addresses='*' -c unix_socket_directories=/tmp \
+  -c fsync=on -c synchronous_commit=on -c full_page_writes=on \
+  -c shared_buffers=32MB -c max_connections=30 -c jit=off "$@"
+SCRIPT
+  chmod 755 "$tmp/spindle-postgres"
+  local args=(-tag "local.test/postgres:$PG_MAJOR" -o "$OUT/postgres.tar" -merged-usr -user 999:999
+    -file "$tmp/passwd:/etc/passwd" -file "$tmp/group:/etc/group"
+    -file "$tmp/spindle-postgres:/usr/local/bin/spindle-postgres"
+    -tree "$share" -file /usr/share/zoneinfo/Etc/UTC:/usr/share/zoneinfo/UTC
+    -program sh -program sleep -program cat -program locale
+    -dir /var/lib/postgresql -env TZ=UTC -env PGDATA=/var/lib/postgresql/data/pgdata
+    -entrypoint /usr/local/bin/spindle-postgres)
+  local p f
+  for p in postgres initdb pg_ctl pg_isready psql pgbench; do
+    args+=(-program "$bin/$p" -symlink "/usr/local/bin/$p:$bin/$p")
+  done
+  # The server's loadable modules (PL/pgSQL, snowball, encodings), not
+  # the JIT's bitcode.
+  for f in "/usr/lib/postgresql/$PG_MAJOR/lib"/*.so; do args+=(-file "$f"); done
+  imagetar "${args[@]}"
+  rm -rf "$tmp"
+}
+PG_MAJOR=${PG_MAJOR:-15}
+
 case $what in
 driver) driver ;;
 sidecars) sidecars ;;
 e2e) e2e ;;
+postgres) postgres ;;
 all) sidecars && driver ;;
-*) echo "usage: hack/images.sh [driver|sidecars|e2e|all]" >&2; exit 2 ;;
+*) echo "usage: hack/images.sh [driver|sidecars|e2e|postgres|all]" >&2; exit 2 ;;
 esac
 echo "images: tarballs in $OUT; import with: ctr -n k8s.io images import $OUT/<name>.tar" >&2

@@ -115,8 +115,15 @@ func (c *Cluster) Namespace(t testing.TB) string {
 // WaitFor polls cond until it holds, failing the test after Timeout.
 func (c *Cluster) WaitFor(t testing.TB, what string, cond func(context.Context) (bool, error)) {
 	t.Helper()
+	c.WaitForWithin(t, what, Timeout, cond)
+}
+
+// WaitForWithin is WaitFor for a step that takes longer than Timeout (a
+// node that must be declared lost, a database that must recover).
+func (c *Cluster) WaitForWithin(t testing.TB, what string, timeout time.Duration, cond func(context.Context) (bool, error)) {
+	t.Helper()
 	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, Timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		ok, err := cond(ctx)
 		if err != nil {
 			last = err

@@ -3,9 +3,11 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,34 +55,54 @@ func (c *Cluster) WaitLogLine(t testing.TB, ns, name, prefix string) string {
 	return line
 }
 
+// ControllerLog is the log of the chart's controller's driver container
+// since a time, through the API server.
+func (c *Cluster) ControllerLog(t testing.TB, since time.Time) string {
+	t.Helper()
+	pod := c.chartPod(t, ChartControllers, "")
+	from := metav1.NewTime(since)
+	data, err := c.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "spindle", SinceTime: &from}).DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("log of the controller %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	return string(data)
+}
+
 // chartPod is the chart's pod matching selector (on node, if not empty).
 func (c *Cluster) chartPod(t testing.TB, selector, node string) *corev1.Pod {
 	t.Helper()
-	pods, err := c.Client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	pod, err := c.findChartPod(context.Background(), selector, node)
 	if err != nil {
-		t.Fatalf("list pods %s: %v", selector, err)
+		t.Fatal(err)
+	}
+	return pod
+}
+
+func (c *Cluster) findChartPod(ctx context.Context, selector, node string) (*corev1.Pod, error) {
+	pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, fmt.Errorf("list pods %s: %w", selector, err)
 	}
 	for i := range pods.Items {
 		if p := &pods.Items[i]; (node == "" || p.Spec.NodeName == node) && p.Status.Phase == corev1.PodRunning {
-			return p
+			return p, nil
 		}
 	}
-	t.Fatalf("no running pod %s on node %q (the chart's deployment)", selector, node)
-	return nil
+	return nil, fmt.Errorf("no running pod %s on node %q (the chart's deployment)", selector, node)
 }
 
 // proxyGet GETs path from a pod's port through the API server's pod proxy,
 // as kubectl-spindle does, and decodes the JSON answer into v.
-func (c *Cluster) proxyGet(t testing.TB, pod *corev1.Pod, port int, path string, v any) {
-	t.Helper()
+func (c *Cluster) proxyGet(ctx context.Context, pod *corev1.Pod, port int, path string, v any) error {
 	data, err := c.Client.CoreV1().RESTClient().Get().Namespace(pod.Namespace).Resource("pods").
-		Name(pod.Name + ":" + strconv.Itoa(port)).SubResource("proxy").Suffix(path).DoRaw(context.Background())
+		Name(pod.Name + ":" + strconv.Itoa(port)).SubResource("proxy").Suffix(path).DoRaw(ctx)
 	if err != nil {
-		t.Fatalf("GET %s of pod %s/%s through the API server: %v", path, pod.Namespace, pod.Name, err)
+		return fmt.Errorf("GET %s of pod %s/%s through the API server: %w", path, pod.Namespace, pod.Name, err)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		t.Fatalf("%s of pod %s/%s: %v\n%s", path, pod.Namespace, pod.Name, err, data)
+		return fmt.Errorf("%s of pod %s/%s: %w\n%s", path, pod.Namespace, pod.Name, err, data)
 	}
+	return nil
 }
 
 // NodeVolumes is what the node plugin on node has staged and attached (its
@@ -88,9 +110,22 @@ func (c *Cluster) proxyGet(t testing.TB, pod *corev1.Pod, port int, path string,
 // not this machine's mount table.
 func (c *Cluster) NodeVolumes(t testing.TB, node string) opsapi.NodeVolumes {
 	t.Helper()
-	var v opsapi.NodeVolumes
-	c.proxyGet(t, c.chartPod(t, ChartNodePlugins, node), nodeMetricsPort, "/volumes", &v)
+	v, err := c.TryNodeVolumes(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return v
+}
+
+// TryNodeVolumes is NodeVolumes for a node plugin that may not answer yet
+// (its node has just booted).
+func (c *Cluster) TryNodeVolumes(ctx context.Context, node string) (opsapi.NodeVolumes, error) {
+	var v opsapi.NodeVolumes
+	pod, err := c.findChartPod(ctx, ChartNodePlugins, node)
+	if err != nil {
+		return v, err
+	}
+	return v, c.proxyGet(ctx, pod, nodeMetricsPort, "/volumes", &v)
 }
 
 // ControllerImages is the controller's view of every backend's images and
@@ -98,6 +133,8 @@ func (c *Cluster) NodeVolumes(t testing.TB, node string) opsapi.NodeVolumes {
 func (c *Cluster) ControllerImages(t testing.TB) opsapi.Images {
 	t.Helper()
 	var v opsapi.Images
-	c.proxyGet(t, c.chartPod(t, ChartControllers, ""), controllerMetrics, "/images", &v)
+	if err := c.proxyGet(context.Background(), c.chartPod(t, ChartControllers, ""), controllerMetrics, "/images", &v); err != nil {
+		t.Fatal(err)
+	}
 	return v
 }

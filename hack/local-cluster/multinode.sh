@@ -27,6 +27,21 @@ for ((i = 1; i <= ${WORKERS:-2}; i++)); do WORKER_NAMES+=("spindle-worker-$i"); 
 cd "$REPO" || exit 1
 phase() { echo "multinode: $1 took $(($2))s"; }
 
+# memory_sampler FILE: every 2 s, the machine's memory in use (MemTotal -
+# MemAvailable, MiB: the control plane, Ceph, tgtd and the workers' qemu)
+# and the workers' qemu RSS; FILE ends up with the peaks.
+memory_sampler() {
+  local peak=0 qpeak=0 used q
+  while :; do
+    used=$(awk '/^MemTotal/{t=$2} /^MemAvailable/{a=$2} END{print int((t-a)/1024)}' /proc/meminfo)
+    q=$(ps -C qemu-system-x86_64 -o rss= 2>/dev/null | awk '{s+=$1} END{print int(s/1024)}')
+    ((used > peak)) && peak=$used
+    ((q > qpeak)) && qpeak=$q
+    echo "$peak $qpeak" >"$1"
+    sleep 2
+  done
+}
+
 # install_chart: Spindle from charts/spindle, the controller on this
 # machine's node, the node plugin on the workers; waits for both workers'
 # registrations.
@@ -46,6 +61,9 @@ apiServer: {host: $VM_UPLINK_HOST_IP, port: 6443}
 driver:
   image: {repository: local.test/spindle, tag: dev}
   metrics: {bindAddress: ""}
+  # Every command the driver runs, with its time: the tests read the
+  # fencing timeline (ceph osd blocklist add) from the controller's log.
+  logLevel: debug
 config:
   defaultBackend: rbd/ceph
   backends:
@@ -165,8 +183,11 @@ up() {
   for img in "$images"/*.tar; do ctr -n k8s.io images import "$img" >/dev/null; done
   # The workers get the images their pods run (workers.sh links
   # $CLUSTER_DIR/images/*.tar): the driver for the node plugin, the pause
-  # image, the tests' pods.
+  # image, the tests' pods and PostgreSQL; this machine's node runs the
+  # database's clients.
   ln -f "$images/spindle.tar" "$CLUSTER_DIR/images/spindle.tar"
+  IMAGES_DIR=$CLUSTER_DIR/images "$REPO/hack/images.sh" postgres >/dev/null || fail "assembling the PostgreSQL image failed"
+  ctr -n k8s.io images import "$CLUSTER_DIR/images/postgres.tar" >/dev/null
   phase images $((SECONDS - t))
 
   t=$SECONDS
@@ -205,15 +226,22 @@ if [ "${1:-all}" = up ]; then
   echo "multinode: up; KUBECONFIG=$KUBECONFIG ${TEST_ENV[*]} go test ./e2e/multinode/"
   exit 0
 fi
-trap down EXIT
+memory=$(mktemp)
+memory_sampler "$memory" &
+sampler=$!
+trap 'kill $sampler 2>/dev/null; down' EXIT
 up
 
 t=$SECONDS
 out=$(mktemp)
 env "${TEST_ENV[@]}" go test -count=1 -v -timeout 60m ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
+read -r peak qpeak <"$memory"
+echo "multinode: peak memory in use on this machine: $peak MiB, of which the workers' qemu: $qpeak MiB"
 count_results "$out"
 rm -f "$out"
+kill "$sampler" 2>/dev/null
+rm -f "$memory"
 if [ "$failed" -gt 0 ]; then
   trap - EXIT
   KEEP=1 down

@@ -11,6 +11,10 @@
 #                           network's link to this machine
 #   workers.sh stop NAME    stop one cleanly;   workers.sh start NAME  boot it again
 #   workers.sh kill NAME    cut its power (qemu killed, no shutdown): a lost node
+#   workers.sh isolate NAME cut it off from the API server only: its kubelet
+#                           cannot report, while its pods and its Ceph and
+#                           iSCSI sessions go on (a node the cluster thinks lost)
+#   workers.sh rejoin NAME  give it back its API server connection
 #   workers.sh status       each worker's state, qemu RSS and node condition
 #   workers.sh exec NAME CMD...  run a shell command as root on a worker (for
 #                           debugging; the tests look through the cluster)
@@ -216,6 +220,19 @@ kill)
   [ -n "$q" ] || die "$name has no running guest"
   kill -KILL "$q"
   echo "workers: $name's power cut (qemu $q killed)"
+  ;;
+isolate | rejoin)
+  name=${2:?usage: $0 $1 NAME}
+  # A policy rule in the guests' namespace refuses to route the worker's
+  # packets to the API server's forwarder; nothing else changes.
+  rule=(from "$(worker_ip "$(worker_index "$name")")" to "$VM_UPLINK_HOST_IP" ipproto tcp dport 6443 prohibit)
+  if [ "$1" = isolate ]; then
+    in_netns ip rule add "${rule[@]}"
+    echo "workers: $name cut off from the API server"
+  else
+    while in_netns ip rule del "${rule[@]}" 2>/dev/null; do :; done
+    echo "workers: $name reaches the API server again"
+  fi
   ;;
 exec)
   name=${2:?usage: $0 exec NAME CMD...}
