@@ -14,20 +14,20 @@ import (
 	"testing"
 )
 
-// buildDriverImage runs hack/images.sh driver into a temporary directory
-// and returns the tarball.
-func buildDriverImage(t *testing.T) string {
+// buildImage runs hack/images.sh what into a temporary directory and
+// returns the tarball it names.
+func buildImage(t *testing.T, what, tarball string) string {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("builds the driver image (-short)")
+		t.Skip("builds the " + what + " image (-short)")
 	}
 	dir := t.TempDir()
-	cmd := exec.Command("../../hack/images.sh", "driver")
+	cmd := exec.Command("../../hack/images.sh", what)
 	cmd.Env = append(os.Environ(), "IMAGES_DIR="+dir, "TAG=test")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("hack/images.sh driver: %v\n%s", err, out)
+		t.Fatalf("hack/images.sh %s: %v\n%s", what, err, out)
 	}
-	return filepath.Join(dir, "spindle.tar")
+	return filepath.Join(dir, tarball)
 }
 
 // unpack extracts the image's manifest, config and its one layer into root.
@@ -75,7 +75,7 @@ func TestDriverImageRuns(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("chroot needs root")
 	}
-	image := buildDriverImage(t)
+	image := buildImage(t, "driver", "spindle.tar")
 	root := t.TempDir()
 	manifest, config := unpack(t, image, root)
 	if tags := manifest[0]["RepoTags"].([]any); len(tags) != 1 || tags[0] != "local.test/spindle:test" {
@@ -115,6 +115,9 @@ func TestDriverImageRuns(t *testing.T) {
 		{[]string{"rbd-nbd", "--version"}, "ceph version"},
 		{[]string{"modprobe", "--version"}, "kmod version"},
 		{[]string{"tgtadm", "--version"}, "1.0."},
+		// The controller's fencing (ceph osd blocklist add): a Python
+		// program that imports rados and Ceph's modules before anything.
+		{[]string{"ceph", "--version"}, "ceph version"},
 		// Formatting uses /etc/mke2fs.conf; blkid then sees the filesystem.
 		{[]string{"mkfs.ext4", "-F", "-q", "/tmp/img"}, ""},
 		{[]string{"blkid", "-p", "-o", "export", "/tmp/img"}, "TYPE=ext4"},
@@ -134,5 +137,30 @@ func TestDriverImageRuns(t *testing.T) {
 				t.Fatalf("output does not contain %q:\n%s", c.want, out)
 			}
 		})
+	}
+}
+
+// TestPostgresImageRuns: the multi-node tests' database image runs as user
+// 999, and its server, initdb, psql and pgbench find their libraries.
+func TestPostgresImageRuns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
+	}
+	image := buildImage(t, "postgres", "postgres.tar")
+	root := t.TempDir()
+	_, config := unpack(t, image, root)
+	if user := config["config"].(map[string]any)["User"]; user != "999:999" {
+		t.Errorf("User %v, want 999:999 (PostgreSQL refuses to run as root)", user)
+	}
+	for _, f := range []string{"usr/share/postgresql/15/postgres.bki", "usr/lib/postgresql/15/lib/plpgsql.so", "usr/share/zoneinfo/UTC"} {
+		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+			t.Errorf("initdb needs /%s: %v", f, err)
+		}
+	}
+	for _, p := range []string{"postgres", "initdb", "psql", "pgbench", "pg_isready"} {
+		out, err := exec.Command("chroot", root, p, "--version").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "(PostgreSQL) 15.") {
+			t.Errorf("chroot %s --version: %v\n%s", p, err, out)
+		}
 	}
 }

@@ -21,21 +21,7 @@ func readImage(t *testing.T, file string) (map[string]string, map[string]any) {
 	}
 	t.Cleanup(func() { f.Close() })
 	members := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		members[h.Name] = data
-	}
+	eachMember(t, f, func(h *tar.Header, data []byte) { members[h.Name] = data })
 	var manifest []struct{ Config string }
 	if err := json.Unmarshal(members["manifest.json"], &manifest); err != nil || len(manifest) != 1 {
 		t.Fatalf("manifest.json: %v %s", err, members["manifest.json"])
@@ -45,26 +31,37 @@ func readImage(t *testing.T, file string) (map[string]string, map[string]any) {
 		t.Fatal(err)
 	}
 	entries := map[string]string{}
-	lr := tar.NewReader(bytes.NewReader(members["layer.tar"]))
-	for {
-		h, err := lr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachMember(t, bytes.NewReader(members["layer.tar"]), func(h *tar.Header, data []byte) {
 		switch h.Typeflag {
 		case tar.TypeDir:
 			entries[h.Name] = "dir"
 		case tar.TypeSymlink:
 			entries[h.Name] = "-> " + h.Linkname
 		default:
-			data, _ := io.ReadAll(lr)
 			entries[h.Name] = "file " + string(data)
 		}
-	}
+	})
 	return entries, config["config"].(map[string]any)
+}
+
+// eachMember calls fn with each member of the tar stream r and its content.
+func eachMember(t *testing.T, r io.Reader, fn func(*tar.Header, []byte)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(h, data)
+	}
 }
 
 // -tree copies files, directories and symlinks, leaving out what -exclude
