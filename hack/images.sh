@@ -4,9 +4,10 @@
 # (and `kind load image-archive`) read:
 #
 #   spindle.tar           local.test/spindle:$TAG — the static driver binary
-#                         plus this machine's filesystem tools and their
-#                         shared libraries (what the Dockerfile installs from
-#                         Debian's packages for users with Docker)
+#                         plus this machine's filesystem and attach tools and
+#                         their shared libraries, and the ceph CLI with the
+#                         Python it runs on (what the Dockerfile installs
+#                         from Debian's packages for users with Docker)
 #   csi-provisioner.tar   local.test/csi-provisioner:v6.3.0, and likewise
 #   csi-attacher.tar      csi-attacher, csi-resizer, csi-snapshotter and
 #   ...                   snapshot-controller, from the binaries that
@@ -28,12 +29,14 @@
 #   hack/images.sh [driver|sidecars|e2e|postgres|all]   (default all: driver and sidecars)
 #
 # IMAGES_DIR (default build/images) receives the tarballs; TAG (default dev)
-# tags the driver image. The sidecar tags are build.sh's pinned versions.
+# tags the driver image; PG_MAJOR (default 15) picks the PostgreSQL. The
+# sidecar tags are build.sh's pinned versions.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spindle/local-cluster}
 OUT=${IMAGES_DIR:-$REPO/build/images}
 TAG=${TAG:-dev}
+PG_MAJOR=${PG_MAJOR:-15}
 VERSION=${VERSION:-$(git -C "$REPO" describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)}
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 what=${1:-all}
@@ -192,7 +195,6 @@ SCRIPT
   imagetar "${args[@]}"
   rm -rf "$tmp"
 }
-PG_MAJOR=${PG_MAJOR:-15}
 
 case $what in
 driver) driver ;;

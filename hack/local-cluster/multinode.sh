@@ -6,7 +6,8 @@
 # charts/spindle with an RBD (krbd) and an iSCSI (kernel initiator) backend,
 # then the multi-node tests (e2e/multinode). Always tears it all down; a
 # failed run's logs stay in $CLUSTER_DIR.failed-multinode until the next run.
-# Prints each phase's time and "N passed, M failed".
+# Prints each phase's time, the machine's peak memory in use and "N passed,
+# M failed".
 #
 #   hack/local-cluster/multinode.sh [all]   everything, as `make e2e-multinode`
 #   hack/local-cluster/multinode.sh up      bring it up and leave it running
