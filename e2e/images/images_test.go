@@ -15,9 +15,13 @@ import (
 )
 
 // buildImage runs hack/images.sh what into a temporary directory and
-// returns the tarball it names.
-func buildImage(t *testing.T, what, tarball string) string {
+// unpacks the tarball it names into root (a new temporary directory), for
+// its programs to run in a chroot (root needed; the test skips otherwise).
+func buildImage(t *testing.T, what, tarball string) (root string, manifest []map[string]any, config map[string]any) {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
+	}
 	if testing.Short() {
 		t.Skip("builds the " + what + " image (-short)")
 	}
@@ -27,7 +31,9 @@ func buildImage(t *testing.T, what, tarball string) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("hack/images.sh %s: %v\n%s", what, err, out)
 	}
-	return filepath.Join(dir, tarball)
+	root = t.TempDir()
+	manifest, config = unpack(t, filepath.Join(dir, tarball), root)
+	return root, manifest, config
 }
 
 // unpack extracts the image's manifest, config and its one layer into root.
@@ -72,12 +78,7 @@ func unpack(t *testing.T, image, root string) (manifest []map[string]any, config
 }
 
 func TestDriverImageRuns(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
-	image := buildImage(t, "driver", "spindle.tar")
-	root := t.TempDir()
-	manifest, config := unpack(t, image, root)
+	root, manifest, config := buildImage(t, "driver", "spindle.tar")
 	if tags := manifest[0]["RepoTags"].([]any); len(tags) != 1 || tags[0] != "local.test/spindle:test" {
 		t.Errorf("RepoTags %v, want [local.test/spindle:test]", tags)
 	}
@@ -143,12 +144,7 @@ func TestDriverImageRuns(t *testing.T) {
 // TestPostgresImageRuns: the multi-node tests' database image runs as user
 // 999, and its server, initdb, psql and pgbench find their libraries.
 func TestPostgresImageRuns(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
-	image := buildImage(t, "postgres", "postgres.tar")
-	root := t.TempDir()
-	_, config := unpack(t, image, root)
+	root, _, config := buildImage(t, "postgres", "postgres.tar")
 	if user := config["config"].(map[string]any)["User"]; user != "999:999" {
 		t.Errorf("User %v, want 999:999 (PostgreSQL refuses to run as root)", user)
 	}
