@@ -189,7 +189,7 @@ SCRIPT
     -dir /var/lib/postgresql -env TZ=UTC -env PGDATA=/var/lib/postgresql/data/pgdata
     -entrypoint /usr/local/bin/spindle-postgres)
   local p f
-  for p in postgres initdb pg_ctl pg_isready psql pgbench; do
+  for p in postgres initdb pg_isready psql pgbench; do
     args+=(-program "$bin/$p" -symlink "/usr/local/bin/$p:$bin/$p")
   done
   # The server's loadable modules (PL/pgSQL, snowball, encodings), not
