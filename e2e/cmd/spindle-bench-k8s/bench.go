@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"sync"
 	"time"
 
@@ -211,39 +210,4 @@ func (b *bench) waitRunning(ctx context.Context, start time.Time) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// printWarnings counts the namespace's Warning events by reason: retries
-// (FailedMount, FailedAttachVolume, ...) show where the apply waited.
-func (b *bench) printWarnings(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	events, err := b.client.CoreV1().Events(b.o.namespace).List(cctx, metav1.ListOptions{FieldSelector: "type=Warning"})
-	if err != nil {
-		fmt.Printf("\nWarning events: cannot list them: %v\n", err)
-		return
-	}
-	byReason := map[string]int32{}
-	for _, e := range events.Items {
-		byReason[e.Reason] += max(e.Count, 1)
-	}
-	fmt.Println()
-	if len(byReason) == 0 {
-		fmt.Println("Warning events: none")
-		return
-	}
-	reasons := make([]string, 0, len(byReason))
-	for r := range byReason {
-		reasons = append(reasons, r)
-	}
-	sort.Slice(reasons, func(i, j int) bool { return byReason[reasons[i]] > byReason[reasons[j]] })
-	fmt.Print("Warning events:")
-	for i, r := range reasons {
-		sep := ","
-		if i == 0 {
-			sep = ""
-		}
-		fmt.Printf("%s %s %d", sep, r, byReason[r])
-	}
-	fmt.Println()
 }
