@@ -125,7 +125,9 @@ func (c *Cluster) WaitForWithin(t testing.TB, what string, timeout time.Duration
 	var last error
 	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		ok, err := cond(ctx)
-		if err != nil {
+		// The poll's own deadline fails the last call too; keep the error
+		// before it, which says what the wait was waiting on.
+		if err != nil && (last == nil || ctx.Err() == nil) {
 			last = err
 		}
 		return ok, nil
