@@ -177,6 +177,8 @@ func (d *Driver) Run(ctx context.Context) error {
 		if err := d.registerNode(ctx); err != nil {
 			return err
 		}
+		// Before the socket exists, so no RPC can stage meanwhile.
+		d.forgetEarlierBoots()
 	}
 	// The operators' endpoints come up before the CSI socket, so whoever
 	// sees the socket can also read MetricsAddress.
@@ -247,6 +249,39 @@ func (d *Driver) registerNode(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forgetEarlierBoots removes the stage records a reboot left (see
+// node.ForgetEarlierBoots): after a power cut kubelet may have lost its own
+// record of a staged volume and will never unstage it, and the node's
+// inventory would show it staged forever. A failure is logged, not fatal:
+// the records only describe, and staging again replaces them.
+func (d *Driver) forgetEarlierBoots() {
+	root := d.opts.StageRecordsRoot()
+	if root == "" {
+		return
+	}
+	boot, err := node.ReadBoot()
+	if err != nil {
+		d.log.Warn("cannot read this boot's identity; stage records of earlier boots are kept", zap.Error(err))
+		if boot.ID == "" {
+			return
+		}
+	}
+	mounts, err := d.data.Mounts()
+	if err != nil {
+		d.log.Warn("cannot read the mount table; stage records of earlier boots are kept", zap.Error(err))
+		return
+	}
+	forgotten, err := node.ForgetEarlierBoots(root, mounts, boot)
+	for _, r := range forgotten {
+		d.log.Info("forgot a stage record from an earlier boot: nothing it describes survives a reboot",
+			zap.String("volumeID", r.Record.VolumeID), zap.String("stagingPath", r.StagingPath),
+			zap.String("device", r.Record.Device), zap.Time("stagedAt", r.Record.StagedAt))
+	}
+	if err != nil {
+		d.log.Warn("could not forget every stage record of an earlier boot", zap.Error(err))
+	}
 }
 
 // umaskMu serialises the umask change around socket creation; umask is

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"net"
 	"os"
@@ -19,6 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/spindle-csi/spindle/internal/config"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // The listenUnix and Run tests are not parallel: creating the socket
@@ -345,5 +348,60 @@ func TestRun(t *testing.T) {
 				t.Fatalf("%d \"stopped\" log lines, want 1", n)
 			}
 		})
+	}
+}
+
+// A node plugin starting after a reboot forgets the stage records the
+// earlier boot left (kubelet may never unstage them: a power cut can take
+// its own record of the volume), before it serves; this boot's stay.
+func TestRunForgetsStageRecordsOfEarlierBoots(t *testing.T) {
+	e := newTestEnv(t, withMode(config.ModeNode))
+	csiDir := filepath.Join(e.kubelet, "plugins", "kubernetes.io", "csi", config.DefaultDriverName)
+	earlier, current := filepath.Join(csiDir, "0aa", "globalmount"), filepath.Join(csiDir, "0bb", "globalmount")
+	for _, p := range []string{earlier, current} {
+		if err := os.MkdirAll(p, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := `{"version":1,"volumeID":"loop/default/pvc-earlier","device":"/dev/loop0","accessType":"mount","fsType":"ext4","stagedAt":"2026-11-25T18:19:10Z","bootID":"an-earlier-boot"}`
+	if err := os.WriteFile(node.StageRecordPath(earlier), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.WriteStageRecord(current, node.StageRecord{VolumeID: "loop/default/pvc-current", Device: "/dev/loop1", AccessType: "mount"}); err != nil {
+		t.Fatal(err)
+	}
+
+	socket, err := config.SocketPath(e.d.opts.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := csi.NewIdentityClient(conn).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("GetPluginInfo: %v", err)
+	}
+
+	if _, err := node.ReadStageRecord(earlier); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the earlier boot's record: %v, want it gone", err)
+	}
+	if _, err := os.Stat(earlier); err != nil {
+		t.Errorf("the staging directory is kubelet's and must stay: %v", err)
+	}
+	if rec, err := node.ReadStageRecord(current); err != nil || rec.VolumeID != "loop/default/pvc-current" {
+		t.Errorf("this boot's record = %+v, %v; want it kept", rec, err)
+	}
+	logged := e.logs.FilterMessageSnippet("forgot a stage record from an earlier boot").All()
+	if len(logged) != 1 || logged[0].ContextMap()["volumeID"] != "loop/default/pvc-earlier" {
+		t.Errorf("log lines about forgotten records: %+v; want one naming loop/default/pvc-earlier", logged)
 	}
 }

@@ -25,6 +25,10 @@ type StageRecord struct {
 	FsType     string    `json:"fsType,omitempty"`
 	ReadOnly   bool      `json:"readOnly"`
 	StagedAt   time.Time `json:"stagedAt"`
+	// BootID is the node's boot (Boot.ID) the record was written in: a
+	// record from an earlier boot describes mounts and devices that are
+	// gone (ForgetEarlierBoots).
+	BootID string `json:"bootID,omitempty"`
 }
 
 const (
@@ -45,6 +49,11 @@ func WriteStageRecord(stagingPath string, rec StageRecord) error {
 	rec.Version = stageRecordVersion
 	if rec.StagedAt.IsZero() {
 		rec.StagedAt = time.Now().UTC().Truncate(time.Second)
+	}
+	if rec.BootID == "" {
+		// Without the boot ID, StagedAt still tells an earlier boot's record.
+		boot, _ := currentBoot()
+		rec.BootID = boot.ID
 	}
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {

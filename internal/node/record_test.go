@@ -67,8 +67,15 @@ func TestStageRecordRoundTrip(t *testing.T) {
 	if got.StagedAt.IsZero() {
 		t.Error("StagedAt was not filled in")
 	}
+	boot, err := ReadBoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.BootID == "" || got.BootID != boot.ID {
+		t.Errorf("BootID = %q, want this boot's %q", got.BootID, boot.ID)
+	}
 	want := rec
-	want.Version, want.StagedAt = got.Version, got.StagedAt
+	want.Version, want.StagedAt, want.BootID = got.Version, got.StagedAt, got.BootID
 	if *got != want {
 		t.Errorf("read back %+v, want %+v", *got, want)
 	}
