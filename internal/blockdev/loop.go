@@ -248,7 +248,7 @@ func (l *losetup) Size(dev string) (int64, error) {
 func (l *losetup) device(name string) (*LoopDevice, error) {
 	dir := filepath.Join(l.sysRoot, "block", name)
 	backing, err := os.ReadFile(filepath.Join(dir, "loop", "backing_file"))
-	if os.IsNotExist(err) {
+	if DeviceGone(err) {
 		return nil, nil
 	}
 	if err != nil {
@@ -264,7 +264,7 @@ func (l *losetup) device(name string) (*LoopDevice, error) {
 	}
 	d.ReadOnly = strings.TrimSpace(string(ro)) == "1"
 	ac, err := os.ReadFile(filepath.Join(dir, "loop", "autoclear"))
-	if os.IsNotExist(err) {
+	if DeviceGone(err) {
 		return nil, nil // unbound since backing_file was read
 	}
 	if err != nil {
@@ -274,11 +274,21 @@ func (l *losetup) device(name string) (*LoopDevice, error) {
 	return d, nil
 }
 
+// DeviceGone tells whether reading a device's sysfs attribute failed
+// because the device is not there (any more): an unbound loop device has no
+// loop/ directory (ENOENT), and a detach or unmap that runs while we read
+// removes the attributes under us, which sysfs reports as ENODEV (or
+// ENXIO). Scans of a node's devices skip such a device instead of failing:
+// on a busy node another volume's unstage is always detaching something.
+func DeviceGone(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENODEV)
+}
+
 // readAttr reads a small sysfs attribute relative to dirfd; bound=false
 // when it does not exist (an unbound loop device has no backing_file).
 func readAttr(dirfd int, rel string, buf []byte) (value string, bound bool, err error) {
 	fd, err := unix.Openat(dirfd, rel, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) {
+	if DeviceGone(err) {
 		return "", false, nil
 	}
 	if err != nil {
@@ -286,7 +296,7 @@ func readAttr(dirfd int, rel string, buf []byte) (value string, bound bool, err 
 	}
 	defer unix.Close(fd)
 	n, err := unix.Read(fd, buf)
-	if errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENOENT) {
+	if DeviceGone(err) {
 		return "", false, nil // unbound between open and read
 	}
 	if err != nil {

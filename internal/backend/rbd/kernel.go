@@ -157,7 +157,7 @@ func (k *kernelMapper) krbdList() ([]mapped, error) {
 		pool, err1 := attr("pool")
 		name, err2 := attr("name")
 		snap, err3 := attr("current_snap")
-		if os.IsNotExist(err1) || os.IsNotExist(err2) {
+		if blockdev.DeviceGone(err1) || blockdev.DeviceGone(err2) {
 			continue // unmapped while we read
 		}
 		if err := firstError(err1, err2); err != nil {
