@@ -7,6 +7,11 @@
 # snapshot-controller. Everything listens on 127.0.0.1 or unix sockets under
 # $CLUSTER_DIR. Needs hack/local-cluster/build.sh and `make build` first.
 #
+# CONTROLLER_MANAGER_QPS=N raises kube-controller-manager's client limits
+# (--kube-api-qps N, --kube-api-burst 2N) from upstream's 20 and 30, which
+# every test and benchmark uses unless it is set (`make bench-k8s` measures
+# what those limits cost; docs/benchmarks.md).
+#
 # DEPLOY=process (default) runs the driver and the sidecars as processes on
 # the host; DEPLOY=helm installs them with charts/spindle instead; DEPLOY=none
 # stops before Spindle (hack/local-cluster/multinode.sh installs it itself,
@@ -108,8 +113,12 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 
   --kubelet-preferred-address-types InternalIP
 wait_for "kube-apiserver /readyz" 120 kubectl get --raw /readyz
 common=(--kubeconfig "$KUBECONFIG" --authentication-kubeconfig "$KUBECONFIG" --authorization-kubeconfig "$KUBECONFIG" --bind-address 127.0.0.1 --leader-elect=false)
+kcm_limits=()
+if [ -n "${CONTROLLER_MANAGER_QPS:-}" ]; then
+  kcm_limits=(--kube-api-qps "$CONTROLLER_MANAGER_QPS" --kube-api-burst "$((CONTROLLER_MANAGER_QPS * 2))")
+fi
 start kube-controller-manager "$BIN/kube-controller-manager" "${common[@]}" --service-account-private-key-file "$P/sa.key" \
-  --root-ca-file "$P/ca.crt" --controllers '*'
+  --root-ca-file "$P/ca.crt" --controllers '*' "${kcm_limits[@]}"
 start kube-scheduler "$BIN/kube-scheduler" "${common[@]}"
 
 # --- containerd + runc
