@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	utilexec "k8s.io/utils/exec"
 )
 
@@ -93,6 +94,13 @@ func (r *Runner) Exec(ctx context.Context, c Cmd) ([]byte, error) {
 		defer cancel()
 	}
 
+	if err := checkArgSize(c.Args, r.env, c.Env); err != nil {
+		e := &Error{Name: c.Name, ExitCode: -1, Err: err}
+		if r.observe != nil {
+			r.observe(Observation{Name: c.Name, ExitCode: -1, Err: e})
+		}
+		return nil, e
+	}
 	var stdout, stderr bytes.Buffer
 	cmd := r.exec.CommandContext(ctx, c.Name, c.Args...)
 	env := r.env
@@ -137,6 +145,40 @@ func (r *Runner) Exec(ctx context.Context, c Cmd) ([]byte, error) {
 		r.observe(o)
 	}
 	return stdout.Bytes(), err
+}
+
+// The kernel's limits on what execve takes: one argument or variable of
+// at most MAX_ARG_STRLEN (32 pages), and all of them with their pointers
+// within a quarter of the stack limit (ARG_MAX; 2 MiB with the usual
+// 8 MiB stack). Beyond them execve fails with E2BIG, which k8s.io/utils/exec
+// reports as "executable file not found": checked here, it says so.
+const maxArgLength = 32 * 4096
+
+func checkArgSize(args, env, extraEnv []string) error {
+	total := 0
+	for i, a := range args {
+		if len(a) >= maxArgLength {
+			return fmt.Errorf("argument list too long (E2BIG): argument %d is %d bytes; the kernel takes at most %d in one argument", i+1, len(a), maxArgLength-1)
+		}
+		total += len(a) + 1 + 8
+	}
+	for _, e := range append(append([]string{}, env...), extraEnv...) {
+		total += len(e) + 1 + 8
+	}
+	if limit := argMax(); total > limit {
+		return fmt.Errorf("argument list too long (E2BIG): %d arguments and the environment take %d bytes; the kernel takes at most %d", len(args), total, limit)
+	}
+	return nil
+}
+
+// argMax is ARG_MAX as execve computes it: a quarter of the stack limit,
+// at least 128 KiB.
+func argMax() int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_STACK, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY || lim.Cur/4 > 1<<30 {
+		return 1 << 30
+	}
+	return max(int(lim.Cur/4), 128<<10)
 }
 
 func trimStderr(s string) string {

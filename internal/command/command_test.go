@@ -123,3 +123,29 @@ func TestEnvIsPerCommand(t *testing.T) {
 		t.Fatalf("the next command saw %q, want %q", got, ":C")
 	}
 }
+
+// An argument list the kernel refuses (E2BIG) is said to be that, not
+// "executable file not found", which is how execve's E2BIG reaches us
+// through k8s.io/utils/exec; the real program and the kernel agree.
+func TestArgumentListTooLong(t *testing.T) {
+	r := command.New(utilexec.New(), nil)
+	huge := strings.Repeat("x", 1<<20)
+	_, err := r.Run(context.Background(), "true", "-E", huge)
+	if err == nil || !strings.Contains(err.Error(), "argument list too long (E2BIG): argument 2 is 1048576 bytes") {
+		t.Fatalf("Run with a 1 MiB argument = %v, want E2BIG naming the argument", err)
+	}
+	if strings.Contains(err.Error(), huge[:1000]) {
+		t.Fatal("the error repeats the argument")
+	}
+	// Within the limits the same program runs.
+	if _, err := r.Run(context.Background(), "true", strings.Repeat("x", 100<<10)); err != nil {
+		t.Fatalf("a 100 KiB argument: %v", err)
+	}
+	many := make([]string, 0, 40000)
+	for range 40000 {
+		many = append(many, strings.Repeat("y", 100))
+	}
+	if _, err := r.Run(context.Background(), "true", many...); err == nil || !strings.Contains(err.Error(), "E2BIG") {
+		t.Fatalf("4 MB of arguments = %v, want E2BIG", err)
+	}
+}
