@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -65,6 +70,9 @@ type losetup struct {
 	run     *command.Runner
 	sysRoot string // "/sys"
 	devRoot string // "/dev"
+	bound   bindings
+	// now is the clock bindings age by (time.Now when nil); tests move it.
+	now func() time.Time
 }
 
 // NewLosetup returns the real loop driver, running losetup through run.
@@ -72,6 +80,80 @@ func NewLosetup(run *command.Runner) LoopDevices { return newLosetup(run) }
 
 func newLosetup(run *command.Runner) *losetup {
 	return &losetup{run: run, sysRoot: "/sys", devRoot: "/dev"}
+}
+
+// bindingsMaxAge is how long the index of bound devices is trusted before
+// a full scan of the node's loop devices rebuilds it.
+const bindingsMaxAge = 10 * time.Second
+
+// bindings indexes the loop devices by the file they are bound to, so
+// that finding an image's devices costs a few sysfs reads instead of one
+// per loop device on the node (a node with a thousand staged volumes has
+// a thousand). It is built by a full scan and kept up by this process's
+// own attaches; every device it names is read back from sysfs before it is
+// reported, so a device detached or rebound meanwhile is never reported
+// as the file's. A device another process binds to one of our files is
+// seen at the next full scan, at most bindingsMaxAge later: Spindle's
+// images are bound only by Spindle, and a restarted node plugin scans
+// first.
+type bindings struct {
+	mu      sync.Mutex
+	byFile  map[string]map[string]bool // file -> device names (loopN)
+	scanned time.Time
+}
+
+// candidates returns the device names the index has for file, rebuilding
+// it first when it is too old.
+func (l *losetup) candidates(file string) ([]string, error) {
+	l.bound.mu.Lock()
+	defer l.bound.mu.Unlock()
+	now := time.Now
+	if l.now != nil {
+		now = l.now
+	}
+	if l.bound.byFile == nil || now().Sub(l.bound.scanned) > bindingsMaxAge {
+		all, err := l.scanNames(func(string) bool { return true })
+		if err != nil {
+			return nil, err
+		}
+		l.bound.byFile = map[string]map[string]bool{}
+		for name, backing := range all {
+			l.bound.addLocked(backing, name)
+		}
+		l.bound.scanned = now()
+	}
+	names := make([]string, 0, len(l.bound.byFile[file]))
+	for name := range l.bound.byFile[file] {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+func (b *bindings) addLocked(file, name string) {
+	if b.byFile[file] == nil {
+		b.byFile[file] = map[string]bool{}
+	}
+	b.byFile[file][name] = true
+}
+
+// add records an attach this process made.
+func (b *bindings) add(file, name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.byFile != nil {
+		b.addLocked(file, name)
+	}
+}
+
+// forget drops an entry that sysfs no longer confirms.
+func (b *bindings) forget(file, name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.byFile[file], name)
+	if len(b.byFile[file]) == 0 {
+		delete(b.byFile, file)
+	}
 }
 
 func (l *losetup) Attach(ctx context.Context, file string, readOnly, directIO bool) (string, error) {
@@ -109,6 +191,7 @@ func (l *losetup) Attach(ctx context.Context, file string, readOnly, directIO bo
 	if !strings.HasPrefix(dev, l.devRoot+"/loop") {
 		return "", fmt.Errorf("losetup printed %q, not a loop device", dev)
 	}
+	l.bound.add(file, filepath.Base(dev))
 	return dev, nil
 }
 
@@ -140,12 +223,26 @@ func (l *losetup) Detach(ctx context.Context, dev string) error {
 	return err
 }
 
-// BoundTo scans /sys/block/loop*/loop/backing_file: no command, one small
-// read per loop device (relative to one open /sys/block, so no path walk
-// each time), and the other attributes only for the devices that match. A
-// node with hundreds of staged volumes pays about a millisecond.
+// BoundTo reads the devices the index has for file back from sysfs and
+// returns those still bound to it (see bindings).
 func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) {
-	return l.scan(func(path string) bool { return path == file })
+	names, err := l.candidates(file)
+	if err != nil {
+		return nil, err
+	}
+	var out []LoopDevice
+	for _, name := range names {
+		d, err := l.device(name)
+		if err != nil {
+			return nil, err
+		}
+		if d == nil || d.BackingFile != file {
+			l.bound.forget(file, name)
+			continue
+		}
+		out = append(out, *d)
+	}
+	return out, nil
 }
 
 // BoundUnder implements LoopDevices with the same scan as BoundTo.
@@ -157,6 +254,28 @@ func (l *losetup) BoundUnder(_ context.Context, dir string) ([]LoopDevice, error
 // scan returns the bound devices whose backing file (without the
 // " (deleted)" mark) satisfies match.
 func (l *losetup) scan(match func(backingFile string) bool) ([]LoopDevice, error) {
+	names, err := l.scanNames(match)
+	if err != nil {
+		return nil, err
+	}
+	var out []LoopDevice
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		d, err := l.device(name)
+		if err != nil {
+			return nil, err
+		}
+		if d != nil {
+			out = append(out, *d)
+		}
+	}
+	return out, nil
+}
+
+// scanNames reads /sys/block/loop*/loop/backing_file: no command, one small
+// read per loop device (relative to one open /sys/block, so no path walk
+// each time). It returns the names of the devices whose backing file
+// (without the " (deleted)" mark) satisfies match, with that file.
+func (l *losetup) scanNames(match func(backingFile string) bool) (map[string]string, error) {
 	blockDir := filepath.Join(l.sysRoot, "block")
 	dirfd, err := unix.Open(blockDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -167,7 +286,7 @@ func (l *losetup) scan(match func(backingFile string) bool) ([]LoopDevice, error
 	if err != nil {
 		return nil, err
 	}
-	var out []LoopDevice
+	out := map[string]string{}
 	buf := make([]byte, unix.PathMax+len(" (deleted)")+1)
 	for _, e := range entries {
 		name := e.Name()
@@ -181,15 +300,8 @@ func (l *losetup) scan(match func(backingFile string) bool) ([]LoopDevice, error
 		if !bound {
 			continue
 		}
-		if path, _ := strings.CutSuffix(backing, " (deleted)"); !match(path) {
-			continue
-		}
-		d, err := l.device(name)
-		if err != nil {
-			return nil, err
-		}
-		if d != nil {
-			out = append(out, *d)
+		if path, _ := strings.CutSuffix(backing, " (deleted)"); match(path) {
+			out[name] = path
 		}
 	}
 	return out, nil

@@ -31,6 +31,9 @@ type FakeLoopDevices struct {
 	// see them and Detach only arms autoclear, as the kernel does. Close
 	// ends the hold.
 	Open map[string]bool
+	// Held, when set, is asked by InUse too: a fake host holds a device
+	// while a filesystem on it is mounted.
+	Held func(dev string) bool
 }
 
 var _ LoopDevices = (*FakeLoopDevices)(nil)
@@ -110,6 +113,16 @@ func (f *FakeLoopDevices) Detach(_ context.Context, dev string) error {
 	return nil
 }
 
+// Offset makes the fake name its devices from /dev/loop<first> on, so that
+// two fakes on one test host never hand out the same name.
+func (f *FakeLoopDevices) Offset(first int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.next < first {
+		f.next = first
+	}
+}
+
 // Close ends a non-exclusive hold on dev (see Open); a device whose detach
 // was deferred is released then, as the kernel does at the last close.
 func (f *FakeLoopDevices) Close(dev string) {
@@ -161,8 +174,9 @@ func (f *FakeLoopDevices) Get(_ context.Context, dev string) (*LoopDevice, error
 
 func (f *FakeLoopDevices) InUse(dev string) (bool, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.Busy[dev], nil
+	busy, held := f.Busy[dev], f.Held
+	f.mu.Unlock()
+	return busy || (held != nil && held(dev)), nil
 }
 
 func (f *FakeLoopDevices) Available() error { return nil }

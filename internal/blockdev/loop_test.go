@@ -194,6 +194,75 @@ func TestLosetupBoundToAndGet(t *testing.T) {
 	}
 }
 
+// BoundTo answers from an index of the node's bound devices: a device
+// rebound or detached since is never reported, one this process attaches is
+// seen at once, and one bound by another process is seen once the index is
+// rebuilt, bindingsMaxAge later.
+func TestLosetupBoundToIndex(t *testing.T) {
+	sys := t.TempDir()
+	write := func(rel, content string) {
+		p := filepath.Join(sys, "block", rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bind := func(name, file string) {
+		write(name+"/loop/backing_file", file+"\n")
+		write(name+"/ro", "0\n")
+		write(name+"/loop/autoclear", "0\n")
+	}
+	unbind := func(name string) {
+		if err := os.RemoveAll(filepath.Join(sys, "block", name, "loop")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock := time.Unix(1_800_000_000, 0)
+	script := commandtest.New(t, commandtest.Expect("losetup", "--find", "--show", "--direct-io=on", "--sector-size", "4096", "/pool/c.img").Prints("/dev/loop2\n"))
+	l := &losetup{run: command.New(script, nil), sysRoot: sys, devRoot: "/dev", now: func() time.Time { return clock }}
+	boundTo := func(file string) []string {
+		t.Helper()
+		devs, err := l.BoundTo(t.Context(), file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, d := range devs {
+			out = append(out, d.Path)
+		}
+		return out
+	}
+	bind("loop0", "/pool/a.img")
+	bind("loop1", "/pool/b.img")
+	if got := boundTo("/pool/a.img"); !slices.Equal(got, []string{"/dev/loop0"}) {
+		t.Fatalf("BoundTo(a) = %v", got)
+	}
+	// loop0 rebound to b, loop1 detached: read back, never reported stale.
+	bind("loop0", "/pool/b.img")
+	unbind("loop1")
+	if got := boundTo("/pool/a.img"); got != nil {
+		t.Errorf("BoundTo(a) after a rebind = %v, want none", got)
+	}
+	if got := boundTo("/pool/b.img"); got != nil {
+		t.Errorf("BoundTo(b) before the index is rebuilt = %v, want none (loop1 is gone, loop0 unknown yet)", got)
+	}
+	// This process's attach is known at once.
+	if _, err := l.Attach(t.Context(), "/pool/c.img", false, true); err != nil {
+		t.Fatal(err)
+	}
+	bind("loop2", "/pool/c.img")
+	if got := boundTo("/pool/c.img"); !slices.Equal(got, []string{"/dev/loop2"}) {
+		t.Errorf("BoundTo(c) after Attach = %v", got)
+	}
+	// Another process's bind is found by the next full scan.
+	clock = clock.Add(bindingsMaxAge + time.Second)
+	if got := boundTo("/pool/b.img"); !slices.Equal(got, []string{"/dev/loop0"}) {
+		t.Errorf("BoundTo(b) after the rebuild = %v, want loop0", got)
+	}
+}
+
 func TestLosetupAvailable(t *testing.T) {
 	dev := t.TempDir()
 	l := &losetup{devRoot: dev}
