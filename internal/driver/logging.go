@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -32,8 +34,11 @@ var quietMethods = map[string]bool{
 // INTERNAL instead of a dead plugin; errorsToStatus maps handler errors to
 // gRPC codes (errors.go); withSecrets hands the request's secrets to the
 // backends in the context.
+// checkDecoded and checkBounds refuse, before anything else looks at it, a
+// request that could not be decoded or that carries more than Spindle
+// accepts (bounds.go).
 func (d *Driver) interceptors() []grpc.UnaryServerInterceptor {
-	return []grpc.UnaryServerInterceptor{d.observe, d.recoverPanic, errorsToStatus, withSecrets}
+	return []grpc.UnaryServerInterceptor{d.observe, d.recoverPanic, errorsToStatus, d.codec.checkDecoded, checkBounds, withSecrets}
 }
 
 func (d *Driver) observe(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -103,24 +108,24 @@ func (d *Driver) logRPC(fullMethod string, req, resp any, elapsed time.Duration,
 		zap.String("code", code.String()),
 	}
 	if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
-		fields = append(fields, zap.String("volumeID", v.GetVolumeId()))
+		fields = append(fields, zap.String("volumeID", clip(v.GetVolumeId(), maxLoggedValue)))
 	}
 	if r, ok := req.(*csi.CreateVolumeRequest); ok {
 		// The volume ID of a CreateVolume is in its answer; the name ties
 		// a refused one to its PVC.
-		fields = append(fields, zap.String("name", r.GetName()))
+		fields = append(fields, zap.String("name", clip(r.GetName(), maxLoggedValue)))
 		if v, ok := resp.(*csi.CreateVolumeResponse); ok && v.GetVolume().GetVolumeId() != "" {
 			fields = append(fields, zap.String("volumeID", v.GetVolume().GetVolumeId()))
 		}
 	}
 	if v, ok := req.(interface{ GetNodeId() string }); ok && v.GetNodeId() != "" {
-		fields = append(fields, zap.String("nodeID", v.GetNodeId()))
+		fields = append(fields, zap.String("nodeID", clip(v.GetNodeId(), maxLoggedValue)))
 	}
 	if m, ok := req.(proto.Message); ok {
 		fields = append(fields, zap.String("request", sanitize(m)))
 	}
 	if err != nil {
-		fields = append(fields, zap.String("error", status.Convert(err).Message()))
+		fields = append(fields, zap.String("error", clip(status.Convert(err).Message(), maxLoggedError)))
 	}
 	ce.Write(fields...)
 }
@@ -128,16 +133,92 @@ func (d *Driver) logRPC(fullMethod string, req, resp any, elapsed time.Duration,
 // secretMask replaces every value of a field marked csi_secret.
 const secretMask = "***stripped***"
 
+// What a log line carries of a request: each value clipped, and the whole
+// request rendering at most maxLoggedRequest bytes, so that a request that
+// is refused for its size costs a line of ordinary length.
+const (
+	maxLoggedValue   = 256
+	maxLoggedError   = 2048
+	maxLoggedRequest = 8192
+)
+
+// clip shortens s to at most n bytes (on a rune boundary), saying how long
+// it was.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
 // sanitize renders a request as JSON with every field that the CSI spec
-// marks csi_secret masked, at any depth.
+// marks csi_secret masked, at any depth, and every string clipped.
 func sanitize(m proto.Message) string {
 	c := proto.Clone(m)
 	stripSecrets(c.ProtoReflect())
+	clipStrings(c.ProtoReflect(), 0)
 	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(c)
 	if err != nil {
 		return fmt.Sprintf("<unprintable request: %v>", err)
 	}
-	return string(b)
+	return clip(string(b), maxLoggedRequest)
+}
+
+// clipStrings clips every string of m (map values and list items too) to
+// maxLoggedValue bytes, and drops the map entries and list items past
+// maxLoggedEntries.
+func clipStrings(m protoreflect.Message, depth int) {
+	const maxLoggedEntries = 32
+	if depth > maxDepth {
+		return
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			mp := m.Mutable(fd).Map()
+			n := 0
+			var drop []protoreflect.MapKey
+			mp.Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				n++
+				switch {
+				case n > maxLoggedEntries || len(k.String()) > maxLoggedValue:
+					drop = append(drop, k)
+				case fd.MapValue().Kind() == protoreflect.StringKind:
+					mp.Set(k, protoreflect.ValueOfString(clip(mv.String(), maxLoggedValue)))
+				case fd.MapValue().Kind() == protoreflect.MessageKind:
+					clipStrings(mv.Message(), depth+1)
+				}
+				return true
+			})
+			for _, k := range drop {
+				mp.Clear(k)
+			}
+		case fd.IsList():
+			list := m.Mutable(fd).List()
+			if list.Len() > maxLoggedEntries {
+				list.Truncate(maxLoggedEntries)
+			}
+			for i := 0; i < list.Len(); i++ {
+				switch fd.Kind() {
+				case protoreflect.StringKind:
+					list.Set(i, protoreflect.ValueOfString(clip(list.Get(i).String(), maxLoggedValue)))
+				case protoreflect.MessageKind:
+					clipStrings(list.Get(i).Message(), depth+1)
+				}
+			}
+		case fd.Kind() == protoreflect.StringKind:
+			m.Set(fd, protoreflect.ValueOfString(clip(v.String(), maxLoggedValue)))
+		case fd.Kind() == protoreflect.BytesKind && len(v.Bytes()) > maxLoggedValue:
+			m.Set(fd, protoreflect.ValueOfBytes(v.Bytes()[:maxLoggedValue]))
+		case fd.Kind() == protoreflect.MessageKind:
+			clipStrings(v.Message(), depth+1)
+		}
+		return true
+	})
 }
 
 func stripSecrets(m protoreflect.Message) {

@@ -227,10 +227,16 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 	return vp, nil
 }
 
+// maxMkfsOptions bounds mkfsOptions: they become mkfs's command line.
+const maxMkfsOptions = 1024
+
 // parseMkfsOptions splits mkfsOptions on whitespace (no shell quoting) and
 // keeps the device argument Spindle's own: a bare path would name a second
 // device for mkfs.
 func parseMkfsOptions(s string) ([]string, error) {
+	if len(s) > maxMkfsOptions {
+		return nil, errdefs.InvalidArgument("parameters.mkfsOptions is %d bytes long; the maximum is %d", len(s), maxMkfsOptions)
+	}
 	fields := strings.Fields(s)
 	for _, f := range fields {
 		if strings.IndexFunc(f, unicode.IsControl) >= 0 {
