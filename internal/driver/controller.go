@@ -117,14 +117,11 @@ func volumeSpec(req *csi.CreateVolumeRequest, c capability, shaping map[string]s
 		if spec.FsType == "" && source != nil {
 			spec.FsType = source.fsType // a copy keeps the filesystem it holds
 		}
-		if spec.FsType == "" {
-			spec.FsType = node.DefaultFsType
-		}
 		fs, err := node.LookupFilesystem(spec.FsType)
 		if err != nil {
 			return spec, err
 		}
-		minBytes = fs.MinBytes
+		spec.FsType, minBytes = fs.Name, fs.MinBytes
 	}
 	capacity := req.GetCapacityRange()
 	if source != nil {

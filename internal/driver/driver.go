@@ -36,13 +36,13 @@ type Driver struct {
 	version         string
 	instances       map[string]*backend.Instance
 	defaultInstance string
-	data            *node.DataPath
-	// paths confines the paths of Node requests to kubelet's directory
-	// and the allowed roots; nil in controller mode.
-	paths   *node.PathGuard
+	// node is the node side; nil in controller mode.
+	node    *node.Volumes
 	locks   *operationLocks
 	log     *zap.Logger
 	metrics *metrics.Metrics
+	// codec decodes requests; checkDecoded answers those it could not.
+	codec *lenientCodec
 
 	// opsAddr is the address the operators' HTTP endpoints listen on,
 	// once Run has opened it (--metrics-address may ask for port 0).
@@ -88,7 +88,7 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		}
 		instances[inst.Key()] = inst
 	}
-	built, err := newDriver(opts, version, instances, file.Default(), node.New(run), log)
+	built, err := newDriver(opts, version, instances, file.Default(), node.NewLinuxHost(run), log)
 	if err != nil {
 		return nil, err
 	}
@@ -116,10 +116,10 @@ func reconcile(inst *backend.Instance, log *zap.Logger) {
 	}
 }
 
-// newDriver assembles a driver from backend instances and a node data path
-// that are already built (New's last step; tests call it with instances on
-// fake loop devices and a scripted command runner).
-func newDriver(opts config.Options, version string, instances map[string]*backend.Instance, defaultInstance string, data *node.DataPath, log *zap.Logger) (*Driver, error) {
+// newDriver assembles a driver from backend instances and the host its node
+// side works on, already built (New's last step; tests call it with
+// instances on fake loop devices and an in-memory host).
+func newDriver(opts config.Options, version string, instances map[string]*backend.Instance, defaultInstance string, host node.Host, log *zap.Logger) (*Driver, error) {
 	if version == "" {
 		version = "unknown"
 	}
@@ -128,18 +128,20 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 		version:         version,
 		instances:       instances,
 		defaultInstance: defaultInstance,
-		data:            data,
 		locks:           newOperationLocks(),
+		codec:           newLenientCodec(),
 		log:             log,
 		metrics:         metrics.New(),
 	}
-	data.ObserveFormats(d.metrics.ObserveFormat)
 	if opts.Mode.Node() {
-		paths, err := node.NewPathGuard(opts.PathRoots()...)
+		volumes, err := node.New(host, node.Options{
+			NodeID: opts.NodeID, PathRoots: opts.PathRoots(), StageRecordsRoot: opts.StageRecordsRoot(),
+			OwnerOf: d.ownerOf, ObserveFormat: d.metrics.ObserveFormat, Log: log,
+		})
 		if err != nil {
 			return nil, err
 		}
-		d.paths = paths
+		d.node = volumes
 		d.metrics.SetVolumeState(d.volumeCounts)
 	}
 	return d, nil
@@ -178,7 +180,7 @@ func (d *Driver) Run(ctx context.Context) error {
 			return err
 		}
 		// Before the socket exists, so no RPC can stage meanwhile.
-		d.forgetEarlierBoots()
+		d.node.ForgetEarlierBoots()
 	}
 	// The operators' endpoints come up before the CSI socket, so whoever
 	// sees the socket can also read MetricsAddress.
@@ -195,7 +197,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	defer os.Remove(socket)
 
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(d.interceptors()...))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(d.interceptors()...), grpc.ForceServerCodecV2(d.codec))
 	csi.RegisterIdentityServer(srv, &identityService{d: d})
 	if d.opts.Mode.Controller() {
 		csi.RegisterControllerServer(srv, &controllerService{d: d})
@@ -249,39 +251,6 @@ func (d *Driver) registerNode(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// forgetEarlierBoots removes the stage records a reboot left (see
-// node.ForgetEarlierBoots): after a power cut kubelet may have lost its own
-// record of a staged volume and will never unstage it, and the node's
-// inventory would show it staged forever. A failure is logged, not fatal:
-// the records only describe, and staging again replaces them.
-func (d *Driver) forgetEarlierBoots() {
-	root := d.opts.StageRecordsRoot()
-	if root == "" {
-		return
-	}
-	boot, err := node.ReadBoot()
-	if err != nil {
-		d.log.Warn("cannot read this boot's identity; stage records of earlier boots are kept", zap.Error(err))
-		if boot.ID == "" {
-			return
-		}
-	}
-	mounts, err := d.data.Mounts()
-	if err != nil {
-		d.log.Warn("cannot read the mount table; stage records of earlier boots are kept", zap.Error(err))
-		return
-	}
-	forgotten, err := node.ForgetEarlierBoots(root, mounts, boot)
-	for _, r := range forgotten {
-		d.log.Info("forgot a stage record from an earlier boot: nothing it describes survives a reboot",
-			zap.String("volumeID", r.Record.VolumeID), zap.String("stagingPath", r.StagingPath),
-			zap.String("device", r.Record.Device), zap.Time("stagedAt", r.Record.StagedAt))
-	}
-	if err != nil {
-		d.log.Warn("could not forget every stage record of an earlier boot", zap.Error(err))
-	}
 }
 
 // umaskMu serialises the umask change around socket creation; umask is

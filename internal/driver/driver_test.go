@@ -359,15 +359,13 @@ func TestRunForgetsStageRecordsOfEarlierBoots(t *testing.T) {
 	csiDir := filepath.Join(e.kubelet, "plugins", "kubernetes.io", "csi", config.DefaultDriverName)
 	earlier, current := filepath.Join(csiDir, "0aa", "globalmount"), filepath.Join(csiDir, "0bb", "globalmount")
 	for _, p := range []string{earlier, current} {
-		if err := os.MkdirAll(p, 0o750); err != nil {
+		if err := e.host.MakeDir(p); err != nil {
 			t.Fatal(err)
 		}
 	}
 	old := `{"version":1,"volumeID":"loop/default/pvc-earlier","device":"/dev/loop0","accessType":"mount","fsType":"ext4","stagedAt":"2026-11-25T18:19:10Z","bootID":"an-earlier-boot"}`
-	if err := os.WriteFile(node.StageRecordPath(earlier), []byte(old), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := node.WriteStageRecord(current, node.StageRecord{VolumeID: "loop/default/pvc-current", Device: "/dev/loop1", AccessType: "mount"}); err != nil {
+	e.host.WriteEntry(node.StageRecordPath(earlier), 0, []byte(old))
+	if err := e.host.WriteStageRecord(current, node.StageRecord{VolumeID: "loop/default/pvc-current", Device: "/dev/loop1", AccessType: "mount"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -391,13 +389,13 @@ func TestRunForgetsStageRecordsOfEarlierBoots(t *testing.T) {
 		t.Fatalf("GetPluginInfo: %v", err)
 	}
 
-	if _, err := node.ReadStageRecord(earlier); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := e.host.StageRecord(earlier); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("the earlier boot's record: %v, want it gone", err)
 	}
-	if _, err := os.Stat(earlier); err != nil {
-		t.Errorf("the staging directory is kubelet's and must stay: %v", err)
+	if !e.host.Exists(earlier) {
+		t.Error("the staging directory is kubelet's and must stay")
 	}
-	if rec, err := node.ReadStageRecord(current); err != nil || rec.VolumeID != "loop/default/pvc-current" {
+	if rec, err := e.host.StageRecord(current); err != nil || rec.VolumeID != "loop/default/pvc-current" {
 		t.Errorf("this boot's record = %+v, %v; want it kept", rec, err)
 	}
 	logged := e.logs.FilterMessageSnippet("forgot a stage record from an earlier boot").All()

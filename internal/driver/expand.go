@@ -2,14 +2,10 @@ package driver
 
 import (
 	"context"
-	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
-	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
 // ControllerExpandVolume grows the image; the node then refreshes its
@@ -65,8 +61,9 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 	if err != nil {
 		return nil, err
 	}
-	if sp := req.GetStagingTargetPath(); sp != "" {
-		if _, err := s.confinePath("staging_target_path", sp); err != nil {
+	staging := req.GetStagingTargetPath()
+	if staging != "" {
+		if staging, err = s.confinePath("staging_target_path", staging); err != nil {
 			return nil, err
 		}
 	}
@@ -84,66 +81,14 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 	if err != nil {
 		return nil, err
 	}
-	inst, release, err := s.d.lockVolume("node", id)
+	vol, release, err := s.d.lockNodeVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-
-	dev, mountPoint, err := s.volumeAt(ctx, inst, id, path)
+	size, err := s.d.node.Expand(ctx, vol, path, staging, req.GetCapacityRange().GetRequiredBytes())
 	if err != nil {
 		return nil, err
-	}
-	size, err := inst.Attacher.Refresh(ctx, id.Image, dev.Path)
-	if err != nil {
-		return nil, err
-	}
-	if required := req.GetCapacityRange().GetRequiredBytes(); required > size {
-		return nil, errdefs.OutOfRange("volume %s is %d bytes on this node, less than the %d bytes asked for; expand it with ControllerExpandVolume first", id, size, required)
-	}
-	if mountPoint != nil {
-		if err := s.d.data.GrowFilesystem(ctx, dev.Path, mountPoint.FsType, path); err != nil {
-			return nil, err
-		}
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
-}
-
-// volumeAt finds the volume's device at path: a device node bound there (a
-// block publish), or the device under the filesystem mounted there (its
-// staging path or a pod's bind of it); for a filesystem it also returns the
-// mount. A path that is neither is NOT_FOUND.
-func (s *nodeService) volumeAt(ctx context.Context, inst *backend.Instance, id volumeid.ID, path string) (*node.VolumeDevice, *node.Mount, error) {
-	major, minor, isDev, err := node.BlockDeviceAt(path)
-	if os.IsNotExist(err) {
-		return nil, nil, errdefs.NotFound("volume_path %s does not exist", path)
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	if isDev {
-		d, err := s.identify(ctx, inst, id, node.DevicePath(major, minor))
-		if err != nil {
-			return nil, nil, err
-		}
-		if d == nil {
-			return nil, nil, errdefs.NotFound("volume_path %s is a device, but not one of volume %s", path, id)
-		}
-		return d, nil, nil
-	}
-	m, err := s.d.data.MountAt(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	if m == nil {
-		return nil, nil, errdefs.NotFound("volume_path %s is not a mount of volume %s", path, id)
-	}
-	d, err := s.mountedDevice(ctx, inst, id, m)
-	if err != nil {
-		return nil, nil, err
-	}
-	if d == nil {
-		return nil, nil, errdefs.NotFound("volume_path %s is not a mount of volume %s (it holds %s %s)", path, id, m.FsType, m.Source)
-	}
-	return d, m, nil
 }

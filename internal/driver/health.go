@@ -7,8 +7,6 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
-	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
 // The health RPCs of CSI 1.13 (volume health replaced the VolumeCondition of
@@ -105,20 +103,12 @@ func (s *nodeService) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetSt
 	return resp, nil
 }
 
-// nodeHealthStatus maps the node data path's findings to CSI health types:
-// a filesystem the kernel made read-only still serves reads (DEGRADED);
-// everything else keeps the pod from its data (INACCESSIBLE).
-func nodeHealthStatus(reason string) csi.VolumeHealthErrorType {
-	if reason == node.ReasonFilesystemReadOnly {
-		return csi.VolumeHealthErrorType_DEGRADED
-	}
-	return csi.VolumeHealthErrorType_INACCESSIBLE
-}
-
 // NodeGetVolumeHealth checks the volume where kubelet says it is (its
 // staging path, a pod's publish path, or neither): the device attached and
 // proven to be the volume's, the mounts in place and alive, the image's
-// data still there.
+// data still there. A filesystem the kernel made read-only still serves
+// reads (DEGRADED); every other problem keeps the pod from its data
+// (INACCESSIBLE).
 func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
@@ -143,59 +133,18 @@ func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetV
 	if err != nil {
 		return nil, err
 	}
-
-	var problems []healthProblem
-	dev, block, err := s.stagedDevice(ctx, inst, id, staging)
+	found, err := s.d.node.Health(ctx, s.d.volume(id, inst), staging, publish)
 	if err != nil {
 		return nil, err
 	}
-	if publish != "" {
-		if _, _, isDev, err := node.BlockDeviceAt(publish); err == nil && isDev {
-			block = true // a block publish is the device node bound onto a file
+	var problems []healthProblem
+	for _, p := range found {
+		status := csi.VolumeHealthErrorType_INACCESSIBLE
+		if p.Degraded() {
+			status = csi.VolumeHealthErrorType_DEGRADED
 		}
-	}
-	if dev == "" {
-		problems = append(problems, healthProblem{csi.VolumeHealthErrorType_INACCESSIBLE, node.ReasonDeviceMissing,
-			"volume " + id.String() + " has no device attached on node " + s.d.opts.NodeID})
-	} else {
-		found, err := s.d.data.CheckVolumeHealth(node.VolumeHealthCheck{Device: dev, StagingPath: staging, PublishPath: publish, Block: block})
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range found {
-			problems = append(problems, healthProblem{nodeHealthStatus(p.Reason), p.Reason, p.Message})
-		}
+		problems = append(problems, healthProblem{status, p.Reason, p.Message})
 	}
 	problems = append(problems, imageProblems(ctx, inst.Attacher, id.Image)...)
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: volumeHealth(id.String(), problems)}, nil
-}
-
-// stagedDevice names the device the volume was staged with on this node:
-// the one its stage record names, else the one under the filesystem at
-// staging, else any device attached for it; "" when there is none. block
-// says whether it was staged as a block volume.
-func (s *nodeService) stagedDevice(ctx context.Context, inst *backend.Instance, id volumeid.ID, staging string) (dev string, block bool, err error) {
-	if staging != "" {
-		if rec, err := node.ReadStageRecord(staging); err == nil && rec.VolumeID == id.String() {
-			return rec.Device, rec.AccessType == string(backend.AccessBlock), nil
-		}
-		if m, err := s.d.data.MountAt(staging); err == nil && m != nil {
-			if d, err := s.mountedDevice(ctx, inst, id, m); err == nil && d != nil {
-				return d.Path, false, nil
-			}
-		}
-	}
-	devs, err := inst.Attacher.Devices(ctx, id.Image)
-	if err != nil {
-		return "", false, err
-	}
-	for _, d := range devs {
-		if !d.ReadOnly {
-			return d.Path, false, nil
-		}
-	}
-	if len(devs) > 0 {
-		return devs[0].Path, false, nil
-	}
-	return "", false, nil
 }

@@ -19,8 +19,6 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/backend/loop"
 	"github.com/spindle-csi/spindle/internal/blockdev"
-	"github.com/spindle-csi/spindle/internal/command"
-	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
@@ -59,6 +57,9 @@ type testEnv struct {
 	logs  *observer.ObservedLogs
 	loops map[string]*blockdev.FakeLoopDevices // by instance key
 	pools map[string]*filestore.Store          // by instance key
+	// host is the node side's machine: an in-memory mount table, devices
+	// (the fake loop devices) and kubelet's paths.
+	host *node.FakeHost
 	// kubelet is the driver's --kubelet-dir, a temporary directory: the
 	// staging and target paths of the tests lie below it.
 	kubelet string
@@ -84,7 +85,7 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 		f(&o)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	e := &testEnv{kubelet: o.KubeletDir, logs: logs, loops: map[string]*blockdev.FakeLoopDevices{}, pools: map[string]*filestore.Store{}}
+	e := &testEnv{kubelet: o.KubeletDir, logs: logs, loops: map[string]*blockdev.FakeLoopDevices{}, pools: map[string]*filestore.Store{}, host: node.NewFakeHost()}
 	instances := map[string]*backend.Instance{}
 	for _, name := range []string{"default", "fast"} {
 		fake := blockdev.NewFakeLoopDevices()
@@ -100,15 +101,11 @@ func newTestEnv(t *testing.T, opts ...func(*config.Options)) *testEnv {
 		e.loops[inst.Key()] = fake
 		e.pools[inst.Key()] = store
 	}
-	run := command.New(commandtest.New(t), nil) // no command may run
-	data := node.New(run)
-	// An empty mount table: what this machine has mounted is not the test's.
-	mountInfo := filepath.Join(t.TempDir(), "mountinfo")
-	if err := os.WriteFile(mountInfo, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	data.ReadMountsFrom(mountInfo)
-	d, err := newDriver(o, testVersion, instances, defaultKey, data, zap.New(core))
+	// Both instances' fake loop devices are the host's: loop/fast's are
+	// numbered from 100 so the two never share a name.
+	e.loops[fastKey].Offset(100)
+	e.host.UseLoopDevices(e.loops[defaultKey], e.loops[fastKey])
+	d, err := newDriver(o, testVersion, instances, defaultKey, e.host, zap.New(core))
 	if err != nil {
 		t.Fatalf("newDriver: %v", err)
 	}
@@ -335,4 +332,9 @@ func (e *testEnv) nodeRPCs(stage, target string) []volumeRPC {
 			return e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
 		}},
 	}
+}
+
+func (e *testEnv) ControllerExpand(volumeID string, bytes int64) (*csi.ControllerExpandVolumeResponse, error) {
+	return call(e, "/csi.v1.Controller/ControllerExpandVolume", e.cs.ControllerExpandVolume,
+		&csi.ControllerExpandVolumeRequest{VolumeId: volumeID, CapacityRange: &csi.CapacityRange{RequiredBytes: bytes}})
 }

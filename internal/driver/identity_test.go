@@ -28,7 +28,7 @@ func TestGetPluginInfo(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newTestEnv(t, func(o *config.Options) { o.DriverName = tt.driverName })
-			d, err := newDriver(e.d.opts, tt.version, e.d.instances, defaultKey, e.d.data, e.d.log)
+			d, err := newDriver(e.d.opts, tt.version, e.d.instances, defaultKey, e.host, e.d.log)
 			if err != nil {
 				t.Fatal(err)
 			}

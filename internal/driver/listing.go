@@ -169,11 +169,7 @@ func (s *controllerService) GetCapacity(ctx context.Context, req *csi.GetCapacit
 			return &csi.GetCapacityResponse{}, nil
 		}
 		if c.accessType == backend.AccessMount {
-			fsType := c.fsType
-			if fsType == "" {
-				fsType = node.DefaultFsType
-			}
-			if fs, err := node.LookupFilesystem(fsType); err == nil && fs.MinBytes > minBytes {
+			if fs, err := node.LookupFilesystem(c.fsType); err == nil && fs.MinBytes > minBytes {
 				minBytes = fs.MinBytes
 			}
 		}

@@ -1,9 +1,9 @@
 package driver
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -46,7 +46,7 @@ func TestNodeStageBlock(t *testing.T) {
 			if !slices.Equal(fake.Calls, wantCalls) {
 				t.Fatalf("loop calls %v, want %v", fake.Calls, wantCalls)
 			}
-			rec, err := node.ReadStageRecord(staging)
+			rec, err := e.host.StageRecord(staging)
 			if err != nil {
 				t.Fatalf("stage record: %v", err)
 			}
@@ -54,8 +54,8 @@ func TestNodeStageBlock(t *testing.T) {
 				t.Fatalf("stage record %+v, want %s on /dev/loop0, block, read-only %t", rec, vol, readOnly)
 			}
 			// Block staging attaches only: nothing is created at the staging path.
-			if _, err := os.Lstat(staging); !os.IsNotExist(err) {
-				t.Fatalf("staging path of a block volume: %v", err)
+			if e.host.Exists(staging) {
+				t.Fatal("a block stage made something at the staging path")
 			}
 		})
 	}
@@ -114,7 +114,7 @@ func TestNodeStageRefusals(t *testing.T) {
 	if calls := e.loops[defaultKey].Calls; len(calls) != 0 {
 		t.Fatalf("refused stages reached the loop driver: %v", calls)
 	}
-	if _, err := node.ReadStageRecord(staging); err == nil {
+	if _, err := e.host.StageRecord(staging); err == nil {
 		t.Fatal("a refused stage left a stage record")
 	}
 }
@@ -129,10 +129,10 @@ func TestNodeUnstageUnpublishNothing(t *testing.T) {
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
 
 	// A record left by a stage before a node reboot.
-	if err := node.WriteStageRecord(staging, node.StageRecord{VolumeID: vol, Device: "/dev/loop9", AccessType: "mount", FsType: "ext4"}); err != nil {
+	if err := e.host.WriteStageRecord(staging, node.StageRecord{VolumeID: vol, Device: "/dev/loop9", AccessType: "mount", FsType: "ext4"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Mkdir(target, 0o750); err != nil {
+	if err := e.host.MakeDir(target); err != nil {
 		t.Fatal(err)
 	}
 
@@ -140,11 +140,11 @@ func TestNodeUnstageUnpublishNothing(t *testing.T) {
 		wantCode(t, e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: target}), codes.OK)
 		wantCode(t, e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: staging}), codes.OK)
 	}
-	if _, err := os.Lstat(target); !os.IsNotExist(err) {
-		t.Fatalf("target_path after NodeUnpublishVolume: %v", err)
+	if e.host.Exists(target) {
+		t.Fatal("target_path left after NodeUnpublishVolume")
 	}
-	if _, err := os.Lstat(node.StageRecordPath(staging)); !os.IsNotExist(err) {
-		t.Fatalf("stage record after NodeUnstageVolume: %v", err)
+	if e.host.Exists(node.StageRecordPath(staging)) {
+		t.Fatal("stage record left after NodeUnstageVolume")
 	}
 	if calls := e.loops[defaultKey].Calls; len(calls) != 0 {
 		t.Fatalf("loop driver used: %v", calls)
@@ -154,12 +154,16 @@ func TestNodeUnstageUnpublishNothing(t *testing.T) {
 func TestNodeGetVolumeStatsNotAttached(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
+	notAMount := filepath.Join(e.kubelet, "pods", "p", "mount")
+	if err := e.host.MakeDir(notAMount); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, vol, path string
 		code            codes.Code
 		want            string
 	}{
-		{"not attached", "loop/default/pvc-x", t.TempDir(), codes.NotFound, "is not a mount of volume loop/default/pvc-x"},
+		{"not attached", "loop/default/pvc-x", notAMount, codes.NotFound, "is not a mount of volume loop/default/pvc-x"},
 		{"instance not configured", "loop/other/pvc-x", t.TempDir(), codes.FailedPrecondition, "loop/other"},
 	}
 	for _, tt := range tests {
@@ -186,5 +190,65 @@ func TestNodeStageFailureKeepsAnEarlierDevice(t *testing.T) {
 	fake := e.loops[defaultKey]
 	if slices.Contains(fake.Calls, "detach /dev/loop0") || len(fake.Devices) != 1 {
 		t.Fatalf("the staged device was taken away: calls %v, devices %v", fake.Calls, fake.Devices)
+	}
+}
+
+// The four node RPCs and the node's read-only ones, through the gRPC
+// translation, on the in-memory host: every success path without root.
+func TestNodeRPCsWholeLifecycle(t *testing.T) {
+	t.Parallel()
+	for _, c := range []*csi.VolumeCapability{mountCap("xfs", snw), blockCap(snw)} {
+		block := c.GetBlock() != nil
+		t.Run(map[bool]string{false: "mount", true: "block"}[block], func(t *testing.T) {
+			e := newTestEnv(t)
+			e.registerNodes(t, defaultKey, testNodeID)
+			req := createReq("pvc-rpcs")
+			req.CapacityRange.RequiredBytes = 512 * mib
+			req.VolumeCapabilities = []*csi.VolumeCapability{c}
+			vol := e.mustCreate(t, req)
+			pc := e.mustPublish(t, vol, testNodeID, c, false)
+			staging := filepath.Join(e.kubelet, "plugins", "kubernetes.io", "csi", "pv", "pvc-rpcs", "globalmount")
+			target := filepath.Join(e.kubelet, "pods", "p1", "volumes", "kubernetes.io~csi", "pvc-rpcs", "mount")
+			for range 2 {
+				if err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: staging, VolumeCapability: c, PublishContext: pc}); err != nil {
+					t.Fatalf("NodeStageVolume: %v", err)
+				}
+				if err := e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: staging, TargetPath: target, VolumeCapability: c, PublishContext: pc}); err != nil {
+					t.Fatalf("NodePublishVolume: %v", err)
+				}
+			}
+			if !block && e.host.FilesystemOf(e.pools[defaultKey].ImagePath(strings.TrimPrefix(vol, defaultKey+"/"))) != "xfs" {
+				t.Fatal("the volume holds no xfs after its stage")
+			}
+			stats, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: vol, VolumePath: target})
+			if err != nil || stats.GetUsage()[0].GetTotal() != 512*mib {
+				t.Fatalf("NodeGetVolumeStats = %v, %v", stats, err)
+			}
+			if _, err := e.ControllerExpand(vol, 1024*mib); err != nil {
+				t.Fatal(err)
+			}
+			grown, err := call(e, "/csi.v1.Node/NodeExpandVolume", e.ns.NodeExpandVolume, &csi.NodeExpandVolumeRequest{VolumeId: vol, VolumePath: target, StagingTargetPath: staging})
+			if err != nil || grown.GetCapacityBytes() != 1024*mib {
+				t.Fatalf("NodeExpandVolume = %v, %v", grown, err)
+			}
+			wantCode(t, e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: staging}), codes.FailedPrecondition, "still published at "+target)
+			for range 2 {
+				if err := e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: target}); err != nil {
+					t.Fatalf("NodeUnpublishVolume: %v", err)
+				}
+				if err := e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: staging}); err != nil {
+					t.Fatalf("NodeUnstageVolume: %v", err)
+				}
+			}
+			if mounts := e.host.MountPoints(); len(mounts) != 0 {
+				t.Fatalf("mounts left: %v", mounts)
+			}
+			if devs := e.loops[defaultKey].Devices; len(devs) != 0 {
+				t.Fatalf("devices left: %v", devs)
+			}
+			if e.host.Exists(target) || e.host.Exists(staging+".spindle-stage.json") {
+				t.Fatal("the target or the stage record was left")
+			}
+		})
 	}
 }

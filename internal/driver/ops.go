@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/metrics"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
@@ -104,21 +103,6 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = enc.Encode(v)
 }
 
-// stageRecords finds this node's stage records below kubelet's CSI
-// directory, with the mount table they were checked against.
-func (d *Driver) stageRecords() ([]node.FoundStageRecord, []node.Mount, error) {
-	mounts, err := d.data.Mounts()
-	if err != nil {
-		return nil, nil, err
-	}
-	root := d.opts.StageRecordsRoot()
-	if root == "" {
-		return nil, mounts, nil
-	}
-	recs, err := node.FindStageRecords(root, mounts)
-	return recs, mounts, err
-}
-
 // attachedDevices lists every device each backend instance holds on this
 // node; the instances that cannot say are reported as errors.
 func (d *Driver) attachedDevices(ctx context.Context) ([]opsapi.AttachedDevice, []error) {
@@ -161,12 +145,12 @@ func (d *Driver) volumeCounts() (metrics.VolumeCounts, error) {
 		counts.Staged[key], counts.Attached[key] = 0, 0
 	}
 	var errs []error
-	recs, _, err := d.stageRecords()
+	ids, err := d.node.StagedVolumeIDs()
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for _, r := range recs {
-		if id, err := volumeid.Parse(r.Record.VolumeID); err == nil {
+	for _, s := range ids {
+		if id, err := volumeid.Parse(s); err == nil {
 			counts.Staged[id.InstanceKey()]++
 		}
 	}
@@ -191,72 +175,43 @@ func (d *Driver) NodeVolumes(ctx context.Context) opsapi.NodeVolumes {
 		GeneratedAt: time.Now().UTC().Truncate(time.Second),
 		Staged:      []opsapi.StagedVolume{}, Devices: []opsapi.AttachedDevice{},
 	}
-	recs, mounts, err := d.stageRecords()
-	if err != nil {
-		out.Errors = append(out.Errors, err.Error())
-	}
-	for _, r := range recs {
-		out.Staged = append(out.Staged, d.stagedVolume(ctx, r, mounts))
-	}
-	devs, errs := d.attachedDevices(ctx)
+	staged, errs := d.node.Staged(ctx, d.resolveVolume)
+	out.Staged = staged
+	out.Errors = append(out.Errors, errs...)
+	devs, derrs := d.attachedDevices(ctx)
 	if devs != nil {
 		out.Devices = devs
 	}
-	for _, err := range errs {
+	for _, err := range derrs {
 		out.Errors = append(out.Errors, err.Error())
 	}
 	return out
 }
 
-func (d *Driver) stagedVolume(ctx context.Context, r node.FoundStageRecord, mounts []node.Mount) opsapi.StagedVolume {
-	rec := r.Record
-	v := opsapi.StagedVolume{
-		VolumeID: rec.VolumeID, Device: rec.Device, StagingPath: r.StagingPath,
-		AccessType: rec.AccessType, FsType: rec.FsType, ReadOnly: rec.ReadOnly, StagedAt: rec.StagedAt,
-		DeviceState: opsapi.DeviceStateUnknown,
-	}
-	block := rec.AccessType == string(backend.AccessBlock)
-	if !block {
-		v.MountState = node.StagingMountState(mounts, r.StagingPath, rec.Device)
-		switch v.MountState {
-		case node.MountStateMissing:
-			v.Problem = fmt.Sprintf("nothing is mounted at the staging path; the volume's filesystem on %s is not staged", rec.Device)
-		case node.MountStateDead:
-			v.Problem = "the staging mount is dead (ENOTCONN, ESTALE or EIO)"
-		case node.MountStateWrongDevice:
-			v.Problem = fmt.Sprintf("the staging path holds a mount of another device than %s", rec.Device)
-		}
-	}
-	v.Publishes = node.PublishesOf(mounts, r.StagingPath, rec.Device)
-	id, err := volumeid.Parse(rec.VolumeID)
+// resolveVolume is the node side's handle of the volume a record names.
+func (d *Driver) resolveVolume(volumeID string) (node.Volume, error) {
+	id, err := volumeid.Parse(volumeID)
 	if err != nil {
-		v.Problem = joinProblem(v.Problem, err.Error())
-		return v
+		return node.Volume{}, err
 	}
-	v.Backend, v.Image = id.InstanceKey(), id.Image
 	inst, err := d.instanceFor(id)
 	if err != nil {
-		v.Problem = joinProblem(v.Problem, err.Error())
-		return v
+		return node.Volume{}, err
 	}
-	_, err = inst.Attacher.Identify(ctx, id.Image, rec.Device)
-	switch {
-	case err == nil:
-		v.DeviceState = opsapi.DeviceStateAttached
-	case errdefs.KindOf(err) == errdefs.ErrNotFound:
-		v.DeviceState = opsapi.DeviceStateMissing
-		v.Problem = joinProblem(v.Problem, err.Error())
-	default:
-		v.Problem = joinProblem(v.Problem, err.Error())
-	}
-	return v
+	return d.volume(id, inst), nil
 }
 
-func joinProblem(a, b string) string {
-	if a == "" {
-		return b
+// ownerOf names the volume whose device dev is, for refusals that say
+// whose a path is: the backends that can list their devices on this node
+// are asked (a scan, but only when a request is refused).
+func (d *Driver) ownerOf(ctx context.Context, dev string) string {
+	devs, _ := d.attachedDevices(ctx)
+	for _, a := range devs {
+		if a.Device == dev {
+			return a.VolumeID
+		}
 	}
-	return a + "; " + b
+	return ""
 }
 
 // Images lists every image of every backend instance (the /images document).

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Boot identifies one run of the node's kernel. A stage record describes
@@ -75,8 +77,8 @@ func (b Boot) EarlierBoot(rec StageRecord) bool {
 // when a power cut catches it unwritten, and then never unstages it; the
 // record would be reported as a staged volume forever. If a pod still needs
 // the volume, kubelet stages it again and a new record is written.
-func ForgetEarlierBoots(root string, mounts []Mount, boot Boot) ([]FoundStageRecord, error) {
-	recs, err := FindStageRecords(root, mounts)
+func ForgetEarlierBoots(h Host, root string, mounts []Mount, boot Boot) ([]FoundStageRecord, error) {
+	recs, err := h.StageRecords(root, mounts)
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +88,43 @@ func ForgetEarlierBoots(root string, mounts []Mount, boot Boot) ([]FoundStageRec
 		if !boot.EarlierBoot(r.Record) || topMountAt(mounts, Resolve(r.StagingPath)) != nil {
 			continue
 		}
-		if err := RemoveStageRecord(r.StagingPath); err != nil {
+		if err := removeStageRecord(h, r.StagingPath); err != nil {
 			errs = append(errs, fmt.Errorf("forget the stage record of %s at %s: %w", r.Record.VolumeID, r.StagingPath, err))
 			continue
 		}
 		forgotten = append(forgotten, r)
 	}
 	return forgotten, errors.Join(errs...)
+}
+
+// ForgetEarlierBoots removes the stage records a reboot left (see the
+// function of that name) below Options.StageRecordsRoot, logging each. A
+// failure is logged, not returned: the records only describe, and staging
+// again replaces them.
+func (v *Volumes) ForgetEarlierBoots() {
+	root := v.opts.StageRecordsRoot
+	if root == "" {
+		return
+	}
+	boot, err := ReadBoot()
+	if err != nil {
+		v.log.Warn("cannot read this boot's identity; stage records of earlier boots are kept", zap.Error(err))
+		if boot.ID == "" {
+			return
+		}
+	}
+	mounts, err := v.host.Mounts()
+	if err != nil {
+		v.log.Warn("cannot read the mount table; stage records of earlier boots are kept", zap.Error(err))
+		return
+	}
+	forgotten, err := ForgetEarlierBoots(v.host, root, mounts, boot)
+	for _, r := range forgotten {
+		v.log.Info("forgot a stage record from an earlier boot: nothing it describes survives a reboot",
+			zap.String("volumeID", r.Record.VolumeID), zap.String("stagingPath", r.StagingPath),
+			zap.String("device", r.Record.Device), zap.Time("stagedAt", r.Record.StagedAt))
+	}
+	if err != nil {
+		v.log.Warn("could not forget every stage record of an earlier boot", zap.Error(err))
+	}
 }

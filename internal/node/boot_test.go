@@ -143,7 +143,7 @@ func TestForgetEarlierBoots(t *testing.T) {
 	}
 	mounts := []Mount{{MountPoint: Resolve(staging("earlier-mounted")), Source: "/dev/rbd0"}}
 
-	forgotten, err := ForgetEarlierBoots(root, mounts, boot)
+	forgotten, err := ForgetEarlierBoots(realFiles, root, mounts, boot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestForgetEarlierBoots(t *testing.T) {
 	}
 
 	// Once forgotten, nothing is left to forget.
-	if again, err := ForgetEarlierBoots(root, mounts, boot); err != nil || len(again) != 0 {
+	if again, err := ForgetEarlierBoots(realFiles, root, mounts, boot); err != nil || len(again) != 0 {
 		t.Errorf("second ForgetEarlierBoots = %v, %v; want nothing", again, err)
 	}
 }

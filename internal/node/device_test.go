@@ -70,9 +70,9 @@ func (l *ranLog) reset() {
 	l.lines = nil
 }
 
-func realDataPath() (*DataPath, *ranLog) {
+func realHost() (*LinuxHost, *ranLog) {
 	log := &ranLog{}
-	return New(command.New(utilexec.New(), log.observe)), log
+	return NewLinuxHost(command.New(utilexec.New(), log.observe)), log
 }
 
 // setupRunner runs the test's own setup commands (losetup), with the same
@@ -118,14 +118,14 @@ func loopDevice(t *testing.T, size int64) (dev, file string) {
 
 // mountPoint creates a directory and makes sure nothing is mounted on it at
 // cleanup, so a failing test leaves no mount behind.
-func mountPoint(t *testing.T, d *DataPath, name string) string {
+func mountPoint(t *testing.T, d *LinuxHost, name string) string {
 	t.Helper()
 	dir := realDir(t, name)
 	unmountAtCleanup(t, d, dir)
 	return dir
 }
 
-func unmountAtCleanup(t *testing.T, d *DataPath, path string) {
+func unmountAtCleanup(t *testing.T, d *LinuxHost, path string) {
 	t.Cleanup(func() {
 		if err := d.Unmount(context.Background(), path); err != nil {
 			t.Errorf("cleanup: %v", err)
@@ -134,7 +134,7 @@ func unmountAtCleanup(t *testing.T, d *DataPath, path string) {
 	})
 }
 
-func mustUnmount(t *testing.T, d *DataPath, path string) {
+func mustUnmount(t *testing.T, d *LinuxHost, path string) {
 	t.Helper()
 	if err := d.Unmount(context.Background(), path); err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			testutil.RequireCommands(t, "mkfs."+tc.name)
 			ctx := context.Background()
-			d, ran := realDataPath()
+			d, ran := realHost()
 			dev, _ := loopDevice(t, tc.size)
 			target := mountPoint(t, d, "globalmount")
 			fs := mustFS(t, tc.name)
@@ -189,7 +189,7 @@ func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
 			// First stage: blank, so mkfs, then the record, then mount.
 			var recordedAfter [][]string
 			record := func(context.Context) error { recordedAfter = append(recordedAfter, ran.names()); return nil }
-			formatted, err := d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), record)
+			formatted, err := stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), record)
 			if err != nil {
 				t.Fatalf("first stage: %v\nran: %q", err, ran.all())
 			}
@@ -237,7 +237,7 @@ func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
 			// between mkfs and the record): no mkfs, the record is made.
 			ran.reset()
 			recordedAfter = nil
-			formatted, err = d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), record)
+			formatted, err = stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), record)
 			if err != nil {
 				t.Fatalf("second stage: %v", err)
 			}
@@ -266,7 +266,7 @@ func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
 			// Third stage, the store knows, read-only: mount only, read-only.
 			ran.reset()
 			recordedAfter = nil
-			formatted, err = d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: fs, AlreadyFormatted: true, ReadOnly: true}, target, fs.MountOptions(nil, true), record)
+			formatted, err = stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: fs, AlreadyFormatted: true, ReadOnly: true}, target, fs.MountOptions(nil, true), record)
 			if err != nil {
 				t.Fatalf("third stage: %v", err)
 			}
@@ -295,11 +295,11 @@ func TestRealRefusesOtherFilesystem(t *testing.T) {
 	testutil.RequireRoot(t, "attach loop devices and mount them")
 	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.xfs")
 	ctx := context.Background()
-	d, ran := realDataPath()
+	d, ran := realHost()
 	dev, file := loopDevice(t, 512*mib)
 	target := mountPoint(t, d, "globalmount")
 	xfs := mustFS(t, "xfs")
-	if _, err := d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: xfs}, target, xfs.MountOptions(nil, false), func(context.Context) error { return nil }); err != nil {
+	if _, err := stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: xfs}, target, xfs.MountOptions(nil, false), func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(target, "data"), []byte("xfs data"), 0o600); err != nil {
@@ -312,7 +312,7 @@ func TestRealRefusesOtherFilesystem(t *testing.T) {
 		ran.reset()
 		fs := mustFS(t, other)
 		recorded := false
-		formatted, err := d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), func(context.Context) error { recorded = true; return nil })
+		formatted, err := stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), func(context.Context) error { recorded = true; return nil })
 		if !errors.Is(err, errdefs.ErrPrecondition) {
 			t.Fatalf("staging xfs as %s: err = %v, want a precondition failure", other, err)
 		}
@@ -333,7 +333,7 @@ func TestRealRefusesOtherFilesystem(t *testing.T) {
 		t.Fatal("the image changed although the stage was refused")
 	}
 
-	if _, err := d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: xfs, AlreadyFormatted: true}, target, xfs.MountOptions(nil, true), nil); err != nil {
+	if _, err := stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: xfs, AlreadyFormatted: true}, target, xfs.MountOptions(nil, true), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(got) != "xfs data" {
@@ -419,7 +419,7 @@ func TestRealRefusesPartitionTable(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			d, ran := realDataPath()
+			d, ran := realHost()
 			file := sparseFile(t, t.TempDir(), size)
 			f, err := os.OpenFile(file, os.O_WRONLY, 0)
 			if err != nil {
@@ -443,7 +443,7 @@ func TestRealRefusesPartitionTable(t *testing.T) {
 			ran.reset()
 
 			ext4 := mustFS(t, "ext4")
-			formatted, err := d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: ext4}, target, nil, func(context.Context) error {
+			formatted, err := stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: ext4}, target, nil, func(context.Context) error {
 				t.Error("recordFormatted called for a refused device")
 				return nil
 			})
@@ -476,10 +476,10 @@ func TestRealStageOfMissingDeviceFails(t *testing.T) {
 	for _, tc := range realFilesystems {
 		t.Run(tc.name, func(t *testing.T) {
 			testutil.RequireCommands(t, "mkfs."+tc.name)
-			d, ran := realDataPath()
+			d, ran := realHost()
 			missing := filepath.Join(t.TempDir(), "no-such-device")
 			fs := mustFS(t, tc.name)
-			formatted, err := d.StageFilesystem(context.Background(), FormatRequest{Device: missing, Filesystem: fs}, t.TempDir(), nil, func(context.Context) error {
+			formatted, err := stageFilesystem(context.Background(), d, FormatRequest{Device: missing, Filesystem: fs}, t.TempDir(), nil, func(context.Context) error {
 				t.Error("recordFormatted called for a missing device")
 				return nil
 			})
@@ -549,11 +549,11 @@ func TestRealBindMountsAndStackedUnmount(t *testing.T) {
 	testutil.RequireRoot(t, "attach loop devices and mount them")
 	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
 	ctx := context.Background()
-	d, _ := realDataPath()
+	d, _ := realHost()
 	dev, _ := loopDevice(t, 64*mib)
 	staging := mountPoint(t, d, "globalmount")
 	ext4 := mustFS(t, "ext4")
-	if _, err := d.StageFilesystem(ctx, FormatRequest{Device: dev, Filesystem: ext4}, staging, nil, func(context.Context) error { return nil }); err != nil {
+	if _, err := stageFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: ext4}, staging, nil, func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(staging, "data"), []byte("staged"), 0o600); err != nil {
@@ -619,7 +619,7 @@ func TestRealBindMountsAndStackedUnmount(t *testing.T) {
 	if _, _, ok, err := BlockDeviceAt(blockTarget); ok || err != nil {
 		t.Errorf("after unmount the file is still a device: %v %v", ok, err)
 	}
-	if err := RemoveMountPoint("target_path", blockTarget); err != nil {
+	if err := removeMountPoint(d, "target_path", blockTarget); err != nil {
 		t.Error(err)
 	}
 

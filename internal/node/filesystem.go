@@ -1,7 +1,12 @@
-// Package node is the node data path: it formats a device at most once,
-// mounts it at the staging path, bind-mounts it into pods, reads the mount
-// table, keeps the stage record and reports usage. It knows nothing about
-// backends or gRPC; internal/driver orchestrates it.
+// Package node owns the node side of every volume (Volumes): stage (attach
+// through the volume's backend, format at most once, mount at the staging
+// path, undo it all on failure), publish (bind mounts, read-only device
+// views), unpublish, unstage, expansion, stats, health and the node's
+// inventory. Every request first asks Locate what is at its path and whose
+// it is, and acts only on what belongs to the volume it names. Everything
+// it touches on the machine goes through Host: LinuxHost for real,
+// FakeHost in memory for tests. internal/driver translates CSI to it; this
+// package knows nothing of gRPC.
 package node
 
 import (
@@ -81,9 +86,19 @@ var filesystems = map[string]Filesystem{
 // DefaultFsType is used when neither the request nor the image names one.
 const DefaultFsType = "ext4"
 
-// LookupFilesystem returns the filesystem called name or an InvalidArgument
-// error listing the supported ones.
+// LookupFilesystem returns the filesystem called name, DefaultFsType for
+// "" (a request that leaves it to the driver), or an InvalidArgument error
+// listing the supported ones.
 func LookupFilesystem(name string) (Filesystem, error) {
+	if name == "" {
+		name = DefaultFsType
+	}
+	return filesystemNamed(name)
+}
+
+// filesystemNamed is LookupFilesystem without the default: for the
+// filesystem a device or a mount holds, which always has a name.
+func filesystemNamed(name string) (Filesystem, error) {
 	fs, ok := filesystems[name]
 	if !ok {
 		return Filesystem{}, errdefs.InvalidArgument("filesystem %q is not supported; use one of %v", name, SupportedFilesystems())

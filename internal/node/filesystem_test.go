@@ -19,11 +19,14 @@ func TestLookupFilesystem(t *testing.T) {
 			t.Errorf("LookupFilesystem(%q) = %+v", name, fs)
 		}
 	}
-	if _, err := LookupFilesystem(DefaultFsType); err != nil {
-		t.Errorf("the default filesystem %q is not supported: %v", DefaultFsType, err)
+	if fs, err := LookupFilesystem(""); err != nil || fs.Name != DefaultFsType {
+		t.Errorf("LookupFilesystem(\"\") = %+v, %v; want the default, %s", fs, err, DefaultFsType)
+	}
+	if _, err := filesystemNamed(""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("filesystemNamed(\"\") = %v, want an invalid argument: a filesystem on a device has a name", err)
 	}
 
-	for _, name := range []string{"ntfs", "", "ext4 ", "vfat"} {
+	for _, name := range []string{"ntfs", "ext4 ", "vfat"} {
 		_, err := LookupFilesystem(name)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("LookupFilesystem(%q) = %v, want an invalid argument", name, err)

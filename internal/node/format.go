@@ -55,7 +55,7 @@ const (
 // Probe asks "blkid -p" (low-level probing, no cache) what dev holds. Exit
 // status 2 with nothing on stderr is the only answer that means blank; every
 // other failure is an error, never a reason to format.
-func (d *DataPath) Probe(ctx context.Context, dev string) (Signature, error) {
+func (d *LinuxHost) Probe(ctx context.Context, dev string) (Signature, error) {
 	out, err := d.run.Run(ctx, "blkid", "-p", "-o", "export", dev)
 	switch code := command.ExitCode(err); {
 	case err == nil:
@@ -106,12 +106,12 @@ type FormatRequest struct {
 	ReadOnly bool
 }
 
-// EnsureFilesystem makes sure req.Device holds req.Filesystem, creating it
+// ensureFilesystem makes sure req.Device holds req.Filesystem, creating it
 // only when the device is blank and was never formatted. It reports whether
 // it ran mkfs. A device holding anything else is refused, untouched.
-func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (formatted bool, err error) {
+func ensureFilesystem(ctx context.Context, h Host, req FormatRequest) (formatted bool, err error) {
 	fs := req.Filesystem
-	sig, err := d.Probe(ctx, req.Device)
+	sig, err := h.Probe(ctx, req.Device)
 	if err != nil {
 		return false, err
 	}
@@ -131,28 +131,18 @@ func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (for
 	// blkid also exits 2, silently, for a path that is no device at all or
 	// a device it could not read (a detached, zero-sized loop device); only
 	// a block device with a size was really probed and found blank.
-	if size, err := d.deviceSize(req.Device); err != nil {
+	if size, err := h.DeviceSize(req.Device); err != nil {
 		return false, errdefs.Wrap(errdefs.ErrPrecondition, err, "refusing to format %s: it is not a usable block device", req.Device)
 	} else if size == 0 {
 		return false, errdefs.Precondition("refusing to format %s: the device has no size (is it still attached?)", req.Device)
 	}
-	args := append(append(append([]string{}, fs.mkfsArgs...), req.MkfsOptions...), req.Device)
-	// mkfs is not cut short when the caller gives up: a half-written
-	// filesystem would look like a filesystem to the retry. The retry waits
-	// on the volume lock (ABORTED) until this one has finished.
-	mkfsCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mkfsTimeout)
-	defer cancel()
-	_, err = d.run.Exec(mkfsCtx, command.Cmd{Name: fs.mkfs, Args: args})
-	if d.formatObserver != nil {
-		d.formatObserver(fs.Name, err)
-	}
-	if err != nil {
-		return false, fmt.Errorf("create %s filesystem on %s: %w", fs.Name, req.Device, err)
+	if err := h.Mkfs(ctx, fs, req.MkfsOptions, req.Device); err != nil {
+		return false, err
 	}
 	return true, nil
 }
 
-// StageFilesystem brings a device to its staged state: the filesystem made
+// stageFilesystem brings a device to its staged state: the filesystem made
 // if (and only if) the device is blank and was never formatted, grown if
 // its device grew while it was not staged, then mounted at target.
 // recordFormatted runs between mkfs and mount whenever the image store does
@@ -161,8 +151,8 @@ func (d *DataPath) EnsureFilesystem(ctx context.Context, req FormatRequest) (for
 // this order: blkid, [mkfs], [ext4: size check, e2fsck, resize2fs], mount,
 // [xfs, btrfs: size check, grow]. A filesystem just made fills its device,
 // and one staged read-only cannot be grown, so neither is checked.
-func (d *DataPath) StageFilesystem(ctx context.Context, req FormatRequest, target string, mountOptions []string, recordFormatted func(context.Context) error) (formatted bool, err error) {
-	formatted, err = d.EnsureFilesystem(ctx, req)
+func stageFilesystem(ctx context.Context, h Host, req FormatRequest, target string, mountOptions []string, recordFormatted func(context.Context) error) (formatted bool, err error) {
+	formatted, err = ensureFilesystem(ctx, h, req)
 	if err != nil {
 		return false, err
 	}
@@ -174,15 +164,15 @@ func (d *DataPath) StageFilesystem(ctx context.Context, req FormatRequest, targe
 	checkGrowth := !formatted && !req.ReadOnly
 	growsOffline := req.Filesystem.Name == "ext4"
 	if checkGrowth && growsOffline {
-		if err := d.growIfNeeded(ctx, req.Device, req.Filesystem.Name, ""); err != nil {
+		if err := growIfNeeded(ctx, h, req.Device, req.Filesystem.Name, ""); err != nil {
 			return formatted, err
 		}
 	}
-	if err := d.MountDevice(ctx, req.Device, target, req.Filesystem.Name, mountOptions); err != nil {
+	if err := h.MountDevice(ctx, req.Device, target, req.Filesystem.Name, mountOptions); err != nil {
 		return formatted, err
 	}
 	if checkGrowth && !growsOffline {
-		if err := d.growIfNeeded(ctx, req.Device, req.Filesystem.Name, target); err != nil {
+		if err := growIfNeeded(ctx, h, req.Device, req.Filesystem.Name, target); err != nil {
 			// Leave nothing half-done: the caller's rollback unmounts.
 			return formatted, err
 		}
@@ -192,12 +182,12 @@ func (d *DataPath) StageFilesystem(ctx context.Context, req FormatRequest, targe
 
 // growIfNeeded grows the filesystem on dev when its device grew while the
 // volume was not staged (a ControllerExpandVolume of an unused volume).
-func (d *DataPath) growIfNeeded(ctx context.Context, dev, fsType, mountPath string) error {
-	grow, err := d.NeedsGrow(ctx, dev, fsType)
+func growIfNeeded(ctx context.Context, h Host, dev, fsType, mountPath string) error {
+	grow, err := needsGrow(ctx, h, dev, fsType)
 	if err != nil || !grow {
 		return err
 	}
-	if err := d.GrowFilesystem(ctx, dev, fsType, mountPath); err != nil {
+	if err := h.GrowFilesystem(ctx, dev, fsType, mountPath); err != nil {
 		return fmt.Errorf("grow the %s filesystem on %s to its device's size: %w", fsType, dev, err)
 	}
 	return nil

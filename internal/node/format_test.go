@@ -296,7 +296,7 @@ func TestStageFilesystem(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, script := scriptedDataPath(t, tc.steps...)
+			d, script := scriptedHost(t, tc.steps...)
 			var recorded [][]string
 			record := func(ctx context.Context) error {
 				recorded = append(recorded, script.Ran())
@@ -306,7 +306,7 @@ func TestStageFilesystem(t *testing.T) {
 				Device: testDev, Filesystem: mustFS(t, tc.fs), MkfsOptions: tc.mkfsOptions,
 				AlreadyFormatted: tc.alreadyFormatted, ReadOnly: tc.readOnly,
 			}
-			formatted, err := d.StageFilesystem(context.Background(), req, testTarget, tc.mountOptions, record)
+			formatted, err := stageFilesystem(context.Background(), d, req, testTarget, tc.mountOptions, record)
 
 			wantFail := tc.wantKind != nil || len(tc.wantErr) > 0
 			switch {
@@ -397,8 +397,8 @@ func TestEnsureFilesystem(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t, tc.steps...)
-			formatted, err := d.EnsureFilesystem(context.Background(), tc.req)
+			d, _ := scriptedHost(t, tc.steps...)
+			formatted, err := ensureFilesystem(context.Background(), d, tc.req)
 			if tc.wantKind != nil {
 				if !errors.Is(err, tc.wantKind) {
 					t.Fatalf("err = %v, want kind %v", err, tc.wantKind)
@@ -426,9 +426,9 @@ func TestEnsureFilesystemRefusesWhatIsNoUsableDevice(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t, blkid().Exits(2, "")) // and nothing after it: no mkfs
+			d, _ := scriptedHost(t, blkid().Exits(2, "")) // and nothing after it: no mkfs
 			d.deviceSize = tc.size
-			formatted, err := d.EnsureFilesystem(context.Background(), FormatRequest{Device: testDev, Filesystem: mustFS(t, "ext4")})
+			formatted, err := ensureFilesystem(context.Background(), d, FormatRequest{Device: testDev, Filesystem: mustFS(t, "ext4")})
 			if !errors.Is(err, errdefs.ErrPrecondition) || formatted {
 				t.Fatalf("formatted=%v err=%v, want a precondition failure and no mkfs", formatted, err)
 			}
@@ -455,7 +455,7 @@ func TestProbe(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t, tc.step)
+			d, _ := scriptedHost(t, tc.step)
 			sig, err := d.Probe(context.Background(), testDev)
 			if err != nil {
 				t.Fatal(err)

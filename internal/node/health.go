@@ -1,13 +1,9 @@
 package node
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
-
-	mountutils "k8s.io/mount-utils"
 )
 
 // The reasons a HealthProblem gives. They are stable CamelCase words, so
@@ -47,67 +43,54 @@ type HealthProblem struct {
 
 func (p HealthProblem) String() string { return p.Reason + ": " + p.Message }
 
-// VolumeHealthCheck says where a volume should be on this node.
-type VolumeHealthCheck struct {
-	// Device is the volume's device node, e.g. /dev/loop3.
-	Device string
-	// StagingPath is the volume's staging path. A block volume's stage
-	// mounts nothing there, so it is not looked at for one.
-	StagingPath string
-	// PublishPath is one pod's target path, or "" to check the stage only.
-	PublishPath string
-	// Block is true for a block volume: its publish path is the device node
-	// bind-mounted onto a file.
-	Block bool
-}
+// Degraded reports whether the volume still serves its data: a filesystem
+// the kernel made read-only still serves reads; every other problem keeps
+// the pod from its data.
+func (p HealthProblem) Degraded() bool { return p.Reason == ReasonFilesystemReadOnly }
 
-// CheckVolumeHealth reports what is abnormal about the volume v describes,
-// as values: nil when it is healthy. It runs no command, changes nothing
-// and never blocks on the device (it stats paths and reads the mount table
-// and sysfs). The error is for a check that could not be made (an
-// unreadable mount table, a stat failing in an unexpected way), never for a
-// problem found. It does not prove that the device is the volume's image;
-// that is the attacher's job.
-func (d *DataPath) CheckVolumeHealth(v VolumeHealthCheck) ([]HealthProblem, error) {
+// checkHealth reports what is abnormal about the volume on dev, staged at
+// staging (not looked at for a block volume, whose stage mounts nothing)
+// and published at publish ("" to check the stage only), as values: nil
+// when it is healthy. It runs no command, changes nothing and never blocks
+// on the device: it stats the paths and the device, and reads the mount
+// table for the superblock's options, where the kernel says that it made a
+// filesystem read-only. It does not prove that
+// the device is the volume's image; that is the attacher's job.
+func (v *Volumes) checkHealth(dev, staging, publish string, block bool) ([]HealthProblem, error) {
 	var r healthReport
-
-	// The device. Its number identifies the mounts below; without it they
-	// are matched by source path only.
-	major, minor, isDev, err := d.blockDeviceAt(v.Device)
+	di, err := v.host.Stat(dev)
+	if err != nil {
+		return nil, fmt.Errorf("check device %s: %w", dev, err)
+	}
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		r.add(ReasonDeviceMissing, "device %s does not exist", v.Device)
-	case err != nil:
-		return nil, fmt.Errorf("check device %s: %w", v.Device, err)
-	case !isDev:
-		r.add(ReasonDeviceMissing, "%s is not a block device", v.Device)
+	case !di.Exists:
+		r.add(ReasonDeviceMissing, "device %s does not exist", dev)
+	case !di.IsBlockDevice():
+		r.add(ReasonDeviceMissing, "%s is not a block device", dev)
 	default:
-		size, err := d.deviceSize(v.Device)
+		size, err := v.host.DeviceSize(dev)
 		if err != nil {
-			return nil, fmt.Errorf("check device %s: %w", v.Device, err)
+			return nil, fmt.Errorf("check device %s: %w", dev, err)
 		}
 		if size == 0 {
-			r.add(ReasonDeviceMissing, "device %s has no size: it is attached to nothing", v.Device)
+			r.add(ReasonDeviceMissing, "device %s has no size: it is attached to nothing", dev)
 		}
 	}
-	mountOfDevice := func(m *Mount) bool { return m.IsMountOf(v.Device, major, minor) }
-	if !isDev {
-		mountOfDevice = func(m *Mount) bool { return m.Source == v.Device }
+	num := di.Rdev
+	if !di.IsBlockDevice() {
+		num = DevNum{}
 	}
-
-	if !v.Block {
-		if err := d.checkMount(&r, v.StagingPath, "staging path", ReasonStagingMountMissing, ReasonStagingMountWrongDevice, v.Device, mountOfDevice); err != nil {
+	if !block && staging != "" {
+		if err := v.checkMount(&r, staging, "staging path", ReasonStagingMountMissing, ReasonStagingMountWrongDevice, dev, num); err != nil {
 			return nil, err
 		}
 	}
 	switch {
-	case v.PublishPath == "":
-	case v.Block:
-		if err := d.checkDeviceBind(&r, v.PublishPath, v.Device, major, minor, isDev); err != nil {
-			return nil, err
-		}
+	case publish == "":
+	case block:
+		v.checkDeviceBind(&r, publish, dev, num)
 	default:
-		if err := d.checkMount(&r, v.PublishPath, "publish path", ReasonPublishMountMissing, ReasonPublishMountWrongDevice, v.Device, mountOfDevice); err != nil {
+		if err := v.checkMount(&r, publish, "publish path", ReasonPublishMountMissing, ReasonPublishMountWrongDevice, dev, num); err != nil {
 			return nil, err
 		}
 	}
@@ -125,35 +108,52 @@ func (r *healthReport) has(reason string) bool {
 	return slices.ContainsFunc(r.problems, func(p HealthProblem) bool { return p.Reason == reason })
 }
 
-// checkMount checks that path is a live mount of the device whose
-// filesystem is still as writable as it was mounted.
-func (d *DataPath) checkMount(r *healthReport, path, what, missing, wrongDevice, dev string, mountOfDevice func(*Mount) bool) error {
-	err := d.stat(path)
-	switch {
-	case mountutils.IsCorruptedMnt(err):
-		r.add(ReasonMountCorrupted, "the mount at %s %s is dead: %v", what, path, err)
-		return nil
-	case errors.Is(err, os.ErrNotExist):
-		r.add(missing, "%s %s does not exist", what, path)
-		return nil
-	case err != nil:
+// checkMount checks that path is a live mount of the filesystem on dev
+// (num, when dev is a block device) that is still as writable as it was
+// mounted.
+func (v *Volumes) checkMount(r *healthReport, path, what, missing, wrongDevice, dev string, num DevNum) error {
+	info, err := v.host.Stat(path)
+	if err != nil {
 		return fmt.Errorf("check %s %s: %w", what, path, err)
 	}
-	m, err := d.MountAt(path)
-	if err != nil {
-		return err
+	onDevice := info.Source == num && !num.IsZero()
+	if num.IsZero() && !info.Source.IsZero() {
+		onDevice = v.host.DevicePath(info.Source) == dev
 	}
 	switch {
-	case m == nil:
+	case info.Dead:
+		r.add(ReasonMountCorrupted, "the mount at %s %s is dead: its filesystem no longer answers (ENOTCONN, ESTALE or EIO)", what, path)
+	case !info.Exists:
+		r.add(missing, "%s %s does not exist", what, path)
+	case !info.MountRoot:
 		r.add(missing, "nothing is mounted at %s %s", what, path)
-	case !mountOfDevice(m):
-		r.add(wrongDevice, "%s %s holds %s %s, not the volume's device %s", what, path, m.FsType, m.Source, dev)
-	case !m.ReadOnly() && kernelMadeReadOnly(m.SuperOptions) && !r.has(ReasonFilesystemReadOnly):
-		// The staging mount and its binds share the filesystem: said once.
-		r.add(ReasonFilesystemReadOnly, "the %s filesystem on %s, mounted read-write at %s %s, has been made read-only by the kernel (superblock options %s), usually after an I/O error or corruption; see the kernel log",
-			m.FsType, dev, what, path, strings.Join(m.SuperOptions, ","))
+	case !onDevice:
+		r.add(wrongDevice, "%s %s holds %s, not the volume's device %s", what, path, describeFS(info.FsType, v.host.DevicePath(info.Source)), dev)
+	case !r.has(ReasonFilesystemReadOnly):
+		// statfs cannot tell: ext4 since Linux 6.12 goes "emergency_ro"
+		// without marking the superblock read-only, and a read-only mount
+		// asked for looks the same. The superblock's options in the mount
+		// table say it, and the staging mount and its binds share them, so
+		// it is said once.
+		m, err := v.mountAt(path)
+		if err != nil {
+			return err
+		}
+		if m != nil && !m.ReadOnly() && kernelMadeReadOnly(m.SuperOptions) {
+			r.add(ReasonFilesystemReadOnly, "the %s filesystem on %s, mounted read-write at %s %s, has been made read-only by the kernel (superblock options %s), usually after an I/O error or corruption; see the kernel log",
+				m.FsType, dev, what, path, strings.Join(m.SuperOptions, ","))
+		}
 	}
 	return nil
+}
+
+// mountAt reads the mount at path from the mount table.
+func (v *Volumes) mountAt(path string) (*Mount, error) {
+	mounts, err := v.host.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	return topMountAt(mounts, Resolve(path)), nil
 }
 
 // kernelMadeReadOnly reports whether a filesystem's superblock options say
@@ -164,20 +164,19 @@ func kernelMadeReadOnly(superOptions []string) bool {
 }
 
 // checkDeviceBind checks that path (a block volume's publish path) is the
-// device node, bind-mounted.
-func (d *DataPath) checkDeviceBind(r *healthReport, path, dev string, major, minor uint32, devKnown bool) error {
-	pMajor, pMinor, isDev, err := d.blockDeviceAt(path)
+// device node, bound there.
+func (v *Volumes) checkDeviceBind(r *healthReport, path, dev string, num DevNum) {
+	info, err := v.host.Stat(path)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		r.add(ReasonPublishMountMissing, "publish path %s does not exist", path)
-	case mountutils.IsCorruptedMnt(err):
-		r.add(ReasonMountCorrupted, "the bind at publish path %s is dead: %v", path, err)
 	case err != nil:
-		return fmt.Errorf("check publish path %s: %w", path, err)
-	case !isDev:
+		r.add(ReasonPublishMountMissing, "publish path %s cannot be checked: %v", path, err)
+	case info.Dead:
+		r.add(ReasonMountCorrupted, "the bind at publish path %s is dead", path)
+	case !info.Exists:
+		r.add(ReasonPublishMountMissing, "publish path %s does not exist", path)
+	case !info.IsBlockDevice():
 		r.add(ReasonPublishMountMissing, "publish path %s is not a device node: the volume's device %s is not bound there", path, dev)
-	case devKnown && (pMajor != major || pMinor != minor):
-		r.add(ReasonPublishMountWrongDevice, "publish path %s is device %d:%d, not the volume's device %s (%d:%d)", path, pMajor, pMinor, dev, major, minor)
+	case !num.IsZero() && info.Rdev != num:
+		r.add(ReasonPublishMountWrongDevice, "publish path %s is device %s, not the volume's device %s (%s)", path, info.Rdev, dev, num)
 	}
-	return nil
 }

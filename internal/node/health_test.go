@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,249 +11,112 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
-// fakeNode answers the health check's questions about device nodes and
-// paths without a real device.
-type fakeNode struct {
-	devices map[string][2]uint32 // block device nodes (and files a device is bound on): path -> major, minor
-	files   map[string]bool      // other existing paths that are no device
-	statErr map[string]error     // stat fails for these paths
-	sizes   map[string]int64     // device sizes; a missing entry is 1 GiB
+// healthWorld is a node with an ext4 volume staged and published and a
+// block volume staged and published, for the health checks.
+type healthWorld struct {
+	*world
+	fs, blk *testVolume
 }
 
-func (f *fakeNode) blockDeviceAt(path string) (uint32, uint32, bool, error) {
-	if err := f.statErr[path]; err != nil {
-		return 0, 0, false, err
+func newHealthWorld(t *testing.T) *healthWorld {
+	w := &healthWorld{world: newWorld(t)}
+	w.fs = w.newVolume("pvc-health", backend.AccessMount, backend.SingleNodeWriter, false)
+	w.blk = w.newVolume("pvc-health-block", backend.AccessBlock, backend.SingleNodeWriter, false)
+	for _, tv := range []*testVolume{w.fs, w.blk} {
+		w.mustStage(tv)
+		w.mustPublish(tv, tv.target, false)
 	}
-	if n, ok := f.devices[path]; ok {
-		return n[0], n[1], true, nil
-	}
-	if f.files[path] {
-		return 0, 0, false, nil
-	}
-	return 0, 0, false, &os.PathError{Op: "stat", Path: path, Err: unix.ENOENT}
-}
-
-func (f *fakeNode) deviceSize(path string) (int64, error) {
-	if size, ok := f.sizes[path]; ok {
-		return size, nil
-	}
-	return 1 << 30, nil
-}
-
-// stat fails as configured, else looks at the real path (the test's
-// directories).
-func (f *fakeNode) stat(path string) error {
-	if err := f.statErr[path]; err != nil {
-		return err
-	}
-	return statPath(path)
+	return w
 }
 
 func TestCheckVolumeHealth(t *testing.T) {
-	staging := realDir(t, "globalmount")
-	publish := realDir(t, "mount")
-	blockFile := filepath.Join(realDir(t, "block"), "pvc")
-	missingPath := filepath.Join(t.TempDir(), "gone")
-	dead := func(p string, errno unix.Errno) map[string]error {
-		return map[string]error{p: &os.PathError{Op: "stat", Path: p, Err: errno}}
-	}
-	mountLine := func(id int, devNum, path, opts, fsType, source, superOpts string) string {
-		return fmt.Sprintf("%d 22 %s / %s %s shared:%d - %s %s %s", id, devNum, escape(path), opts, id, fsType, source, superOpts)
-	}
-	stagedExt4 := mountLine(100, "7:3", staging, "rw,relatime", "ext4", testDev, "rw")
-	publishedExt4 := mountLine(101, "7:3", publish, "rw,relatime", "ext4", testDev, "rw")
-	loopDev := map[string][2]uint32{testDev: {7, 3}}
-
+	const fsDev, blkDev = "/dev/loop0", "/dev/loop1"
 	tests := []struct {
-		name    string
-		check   VolumeHealthCheck
-		mounts  []string
-		node    fakeNode
-		want    []string // reasons, in order
-		mention []string // in the messages
+		name     string
+		setup    func(w *healthWorld)
+		block    bool
+		staging  string // "fs" or "blk" for their staging paths; "" none
+		publish  string // "fs" or "blk" for their targets, or a path
+		dev      string // default: the volume's own
+		want     []string
+		mentions []string
 	}{
-		{
-			name:   "staged ext4, healthy",
-			check:  VolumeHealthCheck{Device: testDev, StagingPath: staging},
-			mounts: []string{stagedExt4},
-			node:   fakeNode{devices: loopDev},
-		},
-		{
-			name:   "staged and published, healthy",
-			check:  VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts: []string{stagedExt4, publishedExt4},
-			node:   fakeNode{devices: loopDev},
-		},
-		{
-			name:  "read-only bind of a writable stage, healthy",
-			check: VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts: []string{stagedExt4,
-				mountLine(101, "7:3", publish, "ro,relatime", "ext4", testDev, "rw")},
-			node: fakeNode{devices: loopDev},
-		},
-		{
-			name:   "staged read-only on purpose, healthy",
-			check:  VolumeHealthCheck{Device: testDev, StagingPath: staging},
-			mounts: []string{mountLine(100, "7:3", staging, "ro,relatime", "xfs", testDev, "ro,nouuid,attr2")},
-			node:   fakeNode{devices: loopDev},
-		},
-		{
-			// btrfs mounts carry an anonymous device number.
-			name:   "btrfs: matched by source, healthy",
-			check:  VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts: []string{mountLine(100, "0:52", staging, "rw", "btrfs", testDev, "rw,space_cache=v2"), mountLine(101, "0:52", publish, "rw", "btrfs", testDev, "rw")},
-			node:   fakeNode{devices: loopDev},
-		},
-		{
-			name:    "staging path holds nothing",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging},
-			node:    fakeNode{devices: loopDev},
-			want:    []string{ReasonStagingMountMissing},
-			mention: []string{"nothing is mounted at staging path " + staging},
-		},
-		{
-			name:    "staging path gone; the pod's bind lives on",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: missingPath, PublishPath: publish},
-			mounts:  []string{publishedExt4},
-			node:    fakeNode{devices: loopDev},
-			want:    []string{ReasonStagingMountMissing},
-			mention: []string{"staging path " + missingPath + " does not exist"},
-		},
-		{
-			name:    "staging path holds another device",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging},
-			mounts:  []string{mountLine(100, "7:4", staging, "rw", "ext4", "/dev/loop4", "rw")},
-			node:    fakeNode{devices: loopDev},
-			want:    []string{ReasonStagingMountWrongDevice},
-			mention: []string{"holds ext4 /dev/loop4, not the volume's device " + testDev},
-		},
-		{
-			name:    "staging mount dead (ENOTCONN)",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{stagedExt4, publishedExt4},
-			node:    fakeNode{devices: loopDev, statErr: dead(staging, unix.ENOTCONN)},
-			want:    []string{ReasonMountCorrupted},
-			mention: []string{"staging path " + staging + " is dead", "transport endpoint is not connected"},
-		},
-		{
-			name:    "xfs shut down: every path answers EIO",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{stagedExt4, publishedExt4},
-			node:    fakeNode{devices: loopDev, statErr: map[string]error{staging: dead(staging, unix.EIO)[staging], publish: dead(publish, unix.EIO)[publish]}},
-			want:    []string{ReasonMountCorrupted, ReasonMountCorrupted},
-			mention: []string{"input/output error"},
-		},
-		{
-			name:    "stale publish mount (ESTALE)",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{stagedExt4, publishedExt4},
-			node:    fakeNode{devices: loopDev, statErr: dead(publish, unix.ESTALE)},
-			want:    []string{ReasonMountCorrupted},
-			mention: []string{"publish path " + publish, "stale"},
-		},
-		{
-			// The real line of an ext4 after an error, Linux 6.18.
-			name:    "ext4 made read-only by the kernel: said once for the stage and its bind",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{mountLine(100, "7:3", staging, "rw,relatime", "ext4", testDev, "rw,errors=remount-ro,emergency_ro"), mountLine(101, "7:3", publish, "rw,relatime", "ext4", testDev, "rw,errors=remount-ro,emergency_ro")},
-			node:    fakeNode{devices: loopDev},
-			want:    []string{ReasonFilesystemReadOnly},
-			mention: []string{"made read-only by the kernel", "rw,errors=remount-ro,emergency_ro"},
-		},
-		{
-			name:   "older kernels: superblock ro under a read-write mount",
-			check:  VolumeHealthCheck{Device: testDev, StagingPath: staging},
-			mounts: []string{mountLine(100, "7:3", staging, "rw,relatime", "ext4", testDev, "ro,errors=remount-ro")},
-			node:   fakeNode{devices: loopDev},
-			want:   []string{ReasonFilesystemReadOnly},
-		},
-		{
-			name:    "device node gone; the mounts still name it",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{stagedExt4, publishedExt4},
-			want:    []string{ReasonDeviceMissing},
-			mention: []string{"device " + testDev + " does not exist"},
-		},
-		{
-			name:    "device path is no device",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging},
-			mounts:  []string{stagedExt4},
-			node:    fakeNode{files: map[string]bool{testDev: true}},
-			want:    []string{ReasonDeviceMissing},
-			mention: []string{"not a block device"},
-		},
-		{
-			name:    "loop device detached: size 0",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: blockFile, Block: true},
-			node:    fakeNode{devices: loopDev, sizes: map[string]int64{testDev: 0}},
-			want:    []string{ReasonDeviceMissing},
-			mention: []string{"attached to nothing"},
-		},
-		{
-			name:    "everything gone at once, device first",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: missingPath},
-			want:    []string{ReasonDeviceMissing, ReasonStagingMountMissing, ReasonPublishMountMissing},
-			mention: []string{"publish path " + missingPath + " does not exist"},
-		},
-		{
-			name:    "publish path holds nothing",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{stagedExt4},
-			node:    fakeNode{devices: loopDev},
-			want:    []string{ReasonPublishMountMissing},
-			mention: []string{"nothing is mounted at publish path " + publish},
-		},
-		{
-			name:    "publish path holds another filesystem",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: publish},
-			mounts:  []string{stagedExt4, mountLine(101, "0:45", publish, "rw", "tmpfs", "tmpfs", "rw")},
-			node:    fakeNode{devices: loopDev},
-			want:    []string{ReasonPublishMountWrongDevice},
-			mention: []string{"holds tmpfs tmpfs"},
-		},
-		{
-			// Block volumes: the stage mounts nothing, so an empty staging
-			// path is no problem.
-			name:  "block volume bound, healthy",
-			check: VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: blockFile, Block: true},
-			node:  fakeNode{devices: map[string][2]uint32{testDev: {7, 3}, blockFile: {7, 3}}},
-		},
-		{
-			name:    "block volume: the file is no longer bound",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: blockFile, Block: true},
-			node:    fakeNode{devices: loopDev, files: map[string]bool{blockFile: true}},
-			want:    []string{ReasonPublishMountMissing},
-			mention: []string{"not a device node"},
-		},
-		{
-			name:    "block volume: another device bound",
-			check:   VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: blockFile, Block: true},
-			node:    fakeNode{devices: map[string][2]uint32{testDev: {7, 3}, blockFile: {7, 4}}},
-			want:    []string{ReasonPublishMountWrongDevice},
-			mention: []string{"is device 7:4, not the volume's device " + testDev + " (7:3)"},
-		},
-		{
-			name:  "block volume: publish file gone",
-			check: VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: missingPath, Block: true},
-			node:  fakeNode{devices: loopDev},
-			want:  []string{ReasonPublishMountMissing},
-		},
-		{
-			name:  "block volume: dead bind",
-			check: VolumeHealthCheck{Device: testDev, StagingPath: staging, PublishPath: blockFile, Block: true},
-			node:  fakeNode{devices: loopDev, statErr: map[string]error{blockFile: unix.ENOTCONN}},
-			want:  []string{ReasonMountCorrupted},
-		},
+		{name: "staged ext4, healthy", staging: "fs"},
+		{name: "staged and published, healthy", staging: "fs", publish: "fs"},
+		{name: "a read-only bind of a writable stage, healthy", staging: "fs", publish: "fs-ro",
+			setup: func(w *healthWorld) { w.mustPublish(w.fs, w.fs.target+"-ro", true) }},
+		{name: "staging path holds nothing", staging: "fs",
+			setup: func(w *healthWorld) { _ = w.host.Unmount(context.Background(), w.fs.staging) },
+			want:  []string{ReasonStagingMountMissing}, mentions: []string{"nothing is mounted at staging path"}},
+		{name: "staging path gone; the pod's bind lives on", staging: "fs", publish: "fs",
+			setup: func(w *healthWorld) {
+				_ = w.host.Unmount(context.Background(), w.fs.staging)
+				_ = w.host.Remove(w.fs.staging)
+			},
+			want: []string{ReasonStagingMountMissing}, mentions: []string{"does not exist"}},
+		{name: "staging path holds another device", staging: "fs", dev: blkDev,
+			want: []string{ReasonStagingMountWrongDevice}, mentions: []string{"holds ext4 on " + fsDev + ", not the volume's device " + blkDev}},
+		{name: "staging mount dead", staging: "fs", publish: "fs",
+			setup: func(w *healthWorld) { w.host.KillMount(w.fs.staging) },
+			want:  []string{ReasonMountCorrupted}, mentions: []string{"staging path", "is dead"}},
+		{name: "both dead (an xfs that shut down answers EIO everywhere)", staging: "fs", publish: "fs",
+			setup: func(w *healthWorld) { w.host.KillMount(w.fs.staging); w.host.KillMount(w.fs.target) },
+			want:  []string{ReasonMountCorrupted, ReasonMountCorrupted}},
+		{name: "ext4 made read-only by the kernel: said once for the stage and its bind", staging: "fs", publish: "fs",
+			setup: func(w *healthWorld) { w.host.MakeKernelReadOnly(w.fs.staging) },
+			want:  []string{ReasonFilesystemReadOnly}, mentions: []string{"made read-only by the kernel", "emergency_ro"}},
+		{name: "device node gone; the mounts still name it", staging: "fs", publish: "fs",
+			setup: func(w *healthWorld) { delete(w.loops.Devices, fsDev) },
+			want:  []string{ReasonDeviceMissing, ReasonStagingMountWrongDevice, ReasonPublishMountWrongDevice}, mentions: []string{"device " + fsDev + " does not exist"}},
+		{name: "device path is no device", staging: "fs", dev: "/dev/not-a-device",
+			setup: func(w *healthWorld) { w.host.WriteEntry("/dev/not-a-device", 0, nil) },
+			want:  []string{ReasonDeviceMissing, ReasonStagingMountWrongDevice}, mentions: []string{"not a block device"}},
+		{name: "loop device detached: size 0", block: true, staging: "blk", dev: blkDev,
+			setup: func(w *healthWorld) { w.loops.Sizes[blkDev] = 0 },
+			want:  []string{ReasonDeviceMissing}, mentions: []string{"attached to nothing"}},
+		{name: "publish path holds nothing", staging: "fs", publish: "/var/lib/kubelet/pods/none/mount",
+			setup: func(w *healthWorld) { _ = w.host.MakeDir("/var/lib/kubelet/pods/none/mount") },
+			want:  []string{ReasonPublishMountMissing}, mentions: []string{"nothing is mounted at publish path"}},
+		{name: "publish path holds another volume's filesystem", staging: "fs", publish: "other",
+			setup: func(w *healthWorld) {
+				other := w.newVolume("pvc-other", backend.AccessMount, backend.SingleNodeWriter, false)
+				w.mustStage(other)
+				w.mustPublish(other, "/var/lib/kubelet/pods/other/mount", false)
+			},
+			want: []string{ReasonPublishMountWrongDevice}, mentions: []string{"holds ext4 on /dev/loop2"}},
+		{name: "block volume bound, healthy", block: true, staging: "blk", publish: "blk", dev: blkDev},
+		{name: "block volume: the file is no longer bound", block: true, publish: "blk", dev: blkDev,
+			setup: func(w *healthWorld) { _ = w.host.Unmount(context.Background(), w.blk.target) },
+			want:  []string{ReasonPublishMountMissing}, mentions: []string{"not a device node"}},
+		{name: "block volume: another device bound", block: true, publish: "blk", dev: fsDev,
+			want: []string{ReasonPublishMountWrongDevice}, mentions: []string{"is device 7:1, not the volume's device " + fsDev + " (7:0)"}},
+		{name: "block volume: publish file gone", block: true, publish: "/var/lib/kubelet/gone", dev: blkDev,
+			want: []string{ReasonPublishMountMissing}, mentions: []string{"does not exist"}},
+		{name: "block volume: dead bind", block: true, publish: "blk", dev: blkDev,
+			setup: func(w *healthWorld) { w.host.KillMount(w.blk.target) },
+			want:  []string{ReasonMountCorrupted}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t) // no commands
-			d.mountInfoPath = newMountTable(t, append([]string{rootMount}, tc.mounts...)...).path
-			d.blockDeviceAt, d.deviceSize, d.stat = tc.node.blockDeviceAt, tc.node.deviceSize, tc.node.stat
-			problems, err := d.CheckVolumeHealth(tc.check)
+			w := newHealthWorld(t)
+			if tc.setup != nil {
+				tc.setup(w)
+			}
+			paths := map[string]string{"fs": w.fs.staging, "blk": w.blk.staging}
+			targets := map[string]string{"fs": w.fs.target, "blk": w.blk.target, "fs-ro": w.fs.target + "-ro", "other": "/var/lib/kubelet/pods/other/mount"}
+			publish := tc.publish
+			if p, ok := targets[publish]; ok {
+				publish = p
+			}
+			dev := tc.dev
+			if dev == "" {
+				dev = fsDev
+			}
+			problems, err := w.v.checkHealth(dev, paths[tc.staging], publish, tc.block)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -265,7 +127,7 @@ func TestCheckVolumeHealth(t *testing.T) {
 			if !slices.Equal(reasons, tc.want) {
 				t.Fatalf("problems %q, want reasons %q", problems, tc.want)
 			}
-			for _, m := range tc.mention {
+			for _, m := range tc.mentions {
 				if !slices.ContainsFunc(problems, func(p HealthProblem) bool { return strings.Contains(p.Message, m) }) {
 					t.Errorf("no message mentions %q: %q", m, problems)
 				}
@@ -274,44 +136,42 @@ func TestCheckVolumeHealth(t *testing.T) {
 	}
 }
 
-func TestCheckVolumeHealthCannotCheck(t *testing.T) {
-	staging := realDir(t, "globalmount")
-	tests := []struct {
-		name    string
-		setup   func(*DataPath)
-		wantErr []string
-	}{
-		{
-			name:    "mount table unreadable",
-			setup:   func(d *DataPath) { d.mountInfoPath = filepath.Join(t.TempDir(), "missing") },
-			wantErr: []string{"missing"},
-		},
-		{
-			name: "device cannot be looked at",
-			setup: func(d *DataPath) {
-				d.blockDeviceAt = func(string) (uint32, uint32, bool, error) { return 0, 0, false, unix.EACCES }
-			},
-			wantErr: []string{"check device " + testDev, "permission denied"},
-		},
-		{
-			name: "staging path cannot be looked at",
-			setup: func(d *DataPath) {
-				d.stat = func(string) error { return unix.ELOOP }
-			},
-			wantErr: []string{"check staging path " + staging, "too many levels"},
-		},
+// Health as the RPC asks it: the device found from the stage record, or
+// from the volume's devices when kubelet names no staging path.
+func TestHealth(t *testing.T) {
+	w := newHealthWorld(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		vol              *testVolume
+		staging, publish string
+	}{{w.fs, w.fs.staging, w.fs.target}, {w.fs, "", ""}, {w.blk, w.blk.staging, w.blk.target}} {
+		if problems, err := w.v.Health(ctx, tc.vol.Volume, tc.staging, tc.publish); err != nil || len(problems) != 0 {
+			t.Errorf("Health(%s, %q, %q) = %q, %v; want healthy", tc.vol.ID, tc.staging, tc.publish, problems, err)
+		}
 	}
-	for _, tc := range tests {
+	gone := w.newVolume("pvc-never-staged", backend.AccessMount, backend.SingleNodeWriter, false)
+	problems, err := w.v.Health(ctx, gone.Volume, gone.staging, "")
+	if err != nil || len(problems) != 1 || problems[0].Reason != ReasonDeviceMissing || problems[0].Degraded() {
+		t.Fatalf("Health of a volume with no device = %q, %v", problems, err)
+	}
+}
+
+func TestCheckVolumeHealthCannotCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name, fail string
+		want       []string
+	}{
+		{"device cannot be looked at", "stat /dev/loop0", []string{"check device /dev/loop0", "permission denied"}},
+		{"staging path cannot be looked at", "stat STAGING", []string{"check staging path", "permission denied"}},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t)
-			node := fakeNode{devices: map[string][2]uint32{testDev: {7, 3}}}
-			d.blockDeviceAt, d.deviceSize, d.stat = node.blockDeviceAt, node.deviceSize, node.stat
-			tc.setup(d)
-			problems, err := d.CheckVolumeHealth(VolumeHealthCheck{Device: testDev, StagingPath: staging})
+			w := newHealthWorld(t)
+			w.host.Fail[strings.Replace(tc.fail, "STAGING", w.fs.staging, 1)] = unix.EACCES
+			problems, err := w.v.checkHealth("/dev/loop0", w.fs.staging, "", false)
 			if err == nil {
-				t.Fatalf("CheckVolumeHealth = %q, want an error: the check could not be made", problems)
+				t.Fatalf("checkHealth = %q, want an error: the check could not be made", problems)
 			}
-			for _, s := range tc.wantErr {
+			for _, s := range tc.want {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("error %q does not mention %q", err, s)
 				}
@@ -327,11 +187,11 @@ func TestRealCheckVolumeHealth(t *testing.T) {
 	testutil.RequireRoot(t, "attach loop devices and mount them")
 	testutil.RequireCommands(t, "losetup", "blkid", "mount", "umount", "mkfs.ext4")
 	ctx := context.Background()
-	d, _ := realDataPath()
+	d, _ := realHost()
 	dev, _ := loopDevice(t, 64*mib)
 	staging := mountPoint(t, d, "globalmount")
 	publish := mountPoint(t, d, "mount")
-	if _, err := d.EnsureFilesystem(ctx, FormatRequest{Device: dev, Filesystem: mustFS(t, "ext4")}); err != nil {
+	if _, err := ensureFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: mustFS(t, "ext4")}); err != nil {
 		t.Fatal(err)
 	}
 	// mkfs.ext4 records "Errors behavior: Continue"; ask for remount-ro.
@@ -341,7 +201,7 @@ func TestRealCheckVolumeHealth(t *testing.T) {
 	if err := d.BindMount(ctx, staging, publish, false); err != nil {
 		t.Fatal(err)
 	}
-	check := VolumeHealthCheck{Device: dev, StagingPath: staging, PublishPath: publish}
+	check := healthCheck{dev: dev, staging: staging, publish: publish}
 	wantHealth(t, d, check)
 
 	// /sys/fs/ext4/<dev>/trigger_fs_error records an error as if ext4 had
@@ -370,7 +230,7 @@ func TestRealCheckBlockVolumeHealth(t *testing.T) {
 	testutil.RequireRoot(t, "attach loop devices and bind them")
 	testutil.RequireCommands(t, "losetup")
 	ctx := context.Background()
-	d, _ := realDataPath()
+	d, _ := realHost()
 	file := sparseFile(t, t.TempDir(), 16*mib)
 	out, err := setupRunner.Run(ctx, "losetup", "--find", "--show", file)
 	if err != nil {
@@ -397,7 +257,7 @@ func TestRealCheckBlockVolumeHealth(t *testing.T) {
 	if err := d.BindMount(ctx, dev, target, false); err != nil {
 		t.Fatal(err)
 	}
-	check := VolumeHealthCheck{Device: dev, StagingPath: realDir(t, "staging"), PublishPath: target, Block: true}
+	check := healthCheck{dev: dev, staging: realDir(t, "staging"), publish: target, block: true}
 	wantHealth(t, d, check)
 
 	detach()
@@ -407,9 +267,18 @@ func TestRealCheckBlockVolumeHealth(t *testing.T) {
 	wantHealth(t, d, check, ReasonDeviceMissing, ReasonPublishMountMissing)
 }
 
-func wantHealth(t *testing.T, d *DataPath, check VolumeHealthCheck, want ...string) {
+type healthCheck struct {
+	dev, staging, publish string
+	block                 bool
+}
+
+func wantHealth(t *testing.T, d *LinuxHost, check healthCheck, want ...string) {
 	t.Helper()
-	problems, err := d.CheckVolumeHealth(check)
+	v, err := New(d, Options{PathRoots: []string{"/tmp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := v.checkHealth(check.dev, check.staging, check.publish, check.block)
 	if err != nil {
 		t.Fatal(err)
 	}

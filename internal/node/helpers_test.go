@@ -10,13 +10,13 @@ import (
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 )
 
-// scriptedDataPath returns a DataPath whose commands must be exactly steps and
+// scriptedHost returns a DataPath whose commands must be exactly steps and
 // whose mount table is a file the test owns (empty: nothing mounted), so a
 // unit test never reads the host's real mounts.
-func scriptedDataPath(t *testing.T, steps ...*commandtest.Step) (*DataPath, *commandtest.Script) {
+func scriptedHost(t *testing.T, steps ...*commandtest.Step) (*LinuxHost, *commandtest.Script) {
 	t.Helper()
 	script := commandtest.New(t, steps...)
-	d := New(command.New(script, nil))
+	d := NewLinuxHost(command.New(script, nil))
 	d.mountInfoPath = writeMountInfo(t, filepath.Join(t.TempDir(), "mountinfo"), "")
 	d.deviceSize = fakeDeviceSize
 	d.kernel = NewFakeKernelMounts()

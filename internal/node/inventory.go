@@ -1,12 +1,19 @@
 package node
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/opsapi"
+	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
 // FoundStageRecord is a stage record found on disk with the staging path it
@@ -89,33 +96,34 @@ const (
 	MountStateWrongDevice = "wrong-device" // a mount of some other device
 )
 
-// StagingMountState says what is mounted at a filesystem volume's staging
+// stagingMountState says what is mounted at a filesystem volume's staging
 // path, given the device its stage record names.
-func StagingMountState(mounts []Mount, staging, device string) string {
-	top := topMountAt(mounts, Resolve(staging))
-	if top == nil {
+func (v *Volumes) stagingMountState(staging, device string) string {
+	info, err := v.host.Stat(staging)
+	switch {
+	case err != nil || !info.Exists:
+		return MountStateMissing
+	case info.Dead:
+		return MountStateDead
+	case !info.MountRoot:
 		return MountStateMissing
 	}
-	if corrupted, _ := CheckHealthy(staging); corrupted {
-		return MountStateDead
-	}
-	major, minor, err := DeviceNumber(device)
-	if err != nil {
-		if top.Source == device {
+	if dev, err := v.host.Stat(device); err == nil && dev.IsBlockDevice() {
+		if info.Source == dev.Rdev {
 			return MountStateMounted
 		}
 		return MountStateWrongDevice
 	}
-	if top.IsMountOf(device, major, minor) {
+	if v.host.DevicePath(info.Source) == device {
 		return MountStateMounted
 	}
 	return MountStateWrongDevice
 }
 
-// PublishesOf lists the mount points, other than the staging path, where
+// publishesOf lists the mount points, other than the staging path, where
 // the filesystem mounted at staging is also mounted: the pods' binds. For a
 // block volume (no staging mount) it lists the binds of the device node.
-func PublishesOf(mounts []Mount, staging, device string) []string {
+func (v *Volumes) publishesOf(mounts []Mount, staging, device string) []string {
 	resolved := Resolve(staging)
 	var out []string
 	if top := topMountAt(mounts, resolved); top != nil {
@@ -129,10 +137,97 @@ func PublishesOf(mounts []Mount, staging, device string) []string {
 	if device == "" {
 		return nil
 	}
-	for _, m := range mounts {
-		if m.Root == "/"+filepath.Base(device) && (m.FsType == "devtmpfs" || m.FsType == "tmpfs") {
-			out = append(out, m.MountPoint)
+	return v.deviceBinds(mounts, device)
+}
+
+// Staged is the node's inventory of its stages (the /volumes document):
+// each stage record below Options.StageRecordsRoot checked against the
+// mount table and, through resolve, the volume's backend. It reads the
+// whole mount table, once: it is for operators, not for requests.
+func (v *Volumes) Staged(ctx context.Context, resolve func(volumeID string) (Volume, error)) ([]opsapi.StagedVolume, []string) {
+	out := []opsapi.StagedVolume{}
+	if v.opts.StageRecordsRoot == "" {
+		return out, nil
+	}
+	mounts, err := v.host.Mounts()
+	if err != nil {
+		return out, []string{err.Error()}
+	}
+	recs, err := v.host.StageRecords(v.opts.StageRecordsRoot, mounts)
+	var errs []string
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	for _, r := range recs {
+		out = append(out, v.stagedVolume(ctx, r, mounts, resolve))
+	}
+	return out, errs
+}
+
+func (v *Volumes) stagedVolume(ctx context.Context, r FoundStageRecord, mounts []Mount, resolve func(string) (Volume, error)) opsapi.StagedVolume {
+	rec := r.Record
+	sv := opsapi.StagedVolume{
+		VolumeID: rec.VolumeID, Device: rec.Device, StagingPath: r.StagingPath,
+		AccessType: rec.AccessType, FsType: rec.FsType, ReadOnly: rec.ReadOnly, StagedAt: rec.StagedAt,
+		DeviceState: opsapi.DeviceStateUnknown,
+	}
+	if rec.AccessType != string(backend.AccessBlock) {
+		sv.MountState = v.stagingMountState(r.StagingPath, rec.Device)
+		switch sv.MountState {
+		case MountStateMissing:
+			sv.Problem = fmt.Sprintf("nothing is mounted at the staging path; the volume's filesystem on %s is not staged", rec.Device)
+		case MountStateDead:
+			sv.Problem = "the staging mount is dead (ENOTCONN, ESTALE or EIO)"
+		case MountStateWrongDevice:
+			sv.Problem = fmt.Sprintf("the staging path holds a mount of another device than %s", rec.Device)
 		}
 	}
-	return out
+	sv.Publishes = v.publishesOf(mounts, r.StagingPath, rec.Device)
+	id, err := volumeid.Parse(rec.VolumeID)
+	if err != nil {
+		sv.Problem = joinProblem(sv.Problem, err.Error())
+		return sv
+	}
+	sv.Backend, sv.Image = id.InstanceKey(), id.Image
+	vol, err := resolve(rec.VolumeID)
+	if err != nil {
+		sv.Problem = joinProblem(sv.Problem, err.Error())
+		return sv
+	}
+	_, err = vol.Attacher.Identify(ctx, vol.Image, rec.Device)
+	switch {
+	case err == nil:
+		sv.DeviceState = opsapi.DeviceStateAttached
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
+		sv.DeviceState = opsapi.DeviceStateMissing
+		sv.Problem = joinProblem(sv.Problem, err.Error())
+	default:
+		sv.Problem = joinProblem(sv.Problem, err.Error())
+	}
+	return sv
+}
+
+func joinProblem(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// StagedVolumeIDs lists the volume IDs of the stage records below
+// Options.StageRecordsRoot (for the staged-volumes gauge).
+func (v *Volumes) StagedVolumeIDs() ([]string, error) {
+	if v.opts.StageRecordsRoot == "" {
+		return nil, nil
+	}
+	mounts, err := v.host.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	recs, err := v.host.StageRecords(v.opts.StageRecordsRoot, mounts)
+	ids := make([]string, 0, len(recs))
+	for _, r := range recs {
+		ids = append(ids, r.Record.VolumeID)
+	}
+	return ids, err
 }

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"github.com/spindle-csi/spindle/internal/backend"
+
 	"os"
 	"path/filepath"
 	"testing"
@@ -55,27 +57,29 @@ func TestFindStageRecords(t *testing.T) {
 }
 
 func TestStagingMountState(t *testing.T) {
-	dir := t.TempDir()
-	staging := filepath.Join(dir, "globalmount")
-	if err := os.Mkdir(staging, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	resolved := Resolve(staging)
+	w := newWorld(t)
+	a := w.newVolume("pvc-a", backend.AccessMount, backend.SingleNodeWriter, false)
+	b := w.newVolume("pvc-b", backend.AccessMount, backend.SingleNodeWriter, false)
+	w.mustStage(a)
+	w.mustStage(b)
+	w.mustPublish(b, a.target, false) // b's filesystem at a path of a's
 	tests := []struct {
-		name   string
-		mounts []Mount
-		want   string
+		name, path, device, want string
 	}{
-		{"nothing mounted", nil, MountStateMissing},
-		{"the device", []Mount{{MountPoint: resolved, Source: "/dev/spindle-test-nodev"}}, MountStateMounted},
-		{"another device", []Mount{{MountPoint: resolved, Source: "/dev/other"}}, MountStateWrongDevice},
-		{"the device under another on top", []Mount{{MountPoint: resolved, Source: "/dev/spindle-test-nodev"}, {MountPoint: resolved, Source: "/dev/other"}}, MountStateWrongDevice},
+		{"the device", a.staging, "/dev/loop0", MountStateMounted},
+		{"another device", a.target, "/dev/loop0", MountStateWrongDevice},
+		{"nothing mounted", "/var/lib/kubelet/none", "/dev/loop0", MountStateMissing},
+		{"a device that is gone, named by the mount", a.staging, "/dev/loop7", MountStateWrongDevice},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := StagingMountState(tt.mounts, staging, "/dev/spindle-test-nodev"); got != tt.want {
-				t.Errorf("StagingMountState = %s, want %s", got, tt.want)
+			if got := w.v.stagingMountState(tt.path, tt.device); got != tt.want {
+				t.Errorf("stagingMountState = %s, want %s", got, tt.want)
 			}
 		})
+	}
+	w.host.KillMount(b.staging)
+	if got := w.v.stagingMountState(b.staging, "/dev/loop1"); got != MountStateDead {
+		t.Errorf("stagingMountState of a dead mount = %s", got)
 	}
 }

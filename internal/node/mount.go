@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,43 +15,30 @@ import (
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-// DataPath runs the node's filesystem and mount operations.
-type DataPath struct {
+// LinuxHost is the real Host: the kernel's mount calls, mount(8) and the
+// filesystem tools through command.Runner, statx and sysfs.
+type LinuxHost struct {
 	run           *command.Runner
 	kernel        kernelMounts
 	mountInfoPath string
 	// deviceSize returns the size of the block device at a path, and fails
 	// for anything that is not a block device. Tests replace it.
 	deviceSize func(path string) (int64, error)
-	// blockDeviceAt is BlockDeviceAt; health tests replace it.
+	// blockDeviceAt is BlockDeviceAt; tests replace it.
 	blockDeviceAt func(path string) (major, minor uint32, ok bool, err error)
-	// stat is os.Stat without the result; health tests replace it to fake
-	// a dead mount (ENOTCONN, ESTALE, EIO).
-	stat func(path string) error
-	// programsHaveCapability tells whether the programs the data path runs
+	// programsHaveCapability tells whether the programs the host runs
 	// get a capability; tests replace it.
 	programsHaveCapability func(capBit uint) (bool, error)
-	// formatObserver hears of every mkfs run (metrics); nil means nobody.
-	formatObserver func(fsType string, err error)
 }
 
-// ObserveFormats has fn called after every mkfs run with the filesystem
-// type and the run's error. Call it before the data path is used.
-func (d *DataPath) ObserveFormats(fn func(fsType string, err error)) { d.formatObserver = fn }
-
-// New returns a DataPath running its commands through run.
-func New(run *command.Runner) *DataPath {
-	return &DataPath{
+// NewLinuxHost returns the real host, running its commands through run.
+func NewLinuxHost(run *command.Runner) *LinuxHost {
+	return &LinuxHost{
 		run: run, kernel: linuxMounts{}, mountInfoPath: "/proc/self/mountinfo",
-		deviceSize: BlockDeviceSize, blockDeviceAt: BlockDeviceAt, stat: statPath,
+		deviceSize: BlockDeviceSize, blockDeviceAt: BlockDeviceAt,
 		programsHaveCapability: programsHaveCapability,
 	}
 }
-
-// ReadMountsFrom makes the data path read the mount table from path
-// instead of /proc/self/mountinfo: for tests, whose answers must not depend
-// on what this machine has mounted.
-func (d *DataPath) ReadMountsFrom(path string) { d.mountInfoPath = path }
 
 // Mount is one entry of the mount table, with paths unescaped.
 type Mount struct {
@@ -80,7 +66,7 @@ func (m *Mount) ReadOnly() bool {
 }
 
 // Mounts reads the mount table.
-func (d *DataPath) Mounts() ([]Mount, error) {
+func (d *LinuxHost) Mounts() ([]Mount, error) {
 	infos, err := mountutils.ParseMountInfo(d.mountInfoPath)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", d.mountInfoPath, err)
@@ -131,7 +117,7 @@ func Resolve(path string) string {
 
 // MountAt returns the top-most mount at path, or nil when path is not a
 // mount point.
-func (d *DataPath) MountAt(path string) (*Mount, error) {
+func (d *LinuxHost) MountAt(path string) (*Mount, error) {
 	mounts, err := d.Mounts()
 	if err != nil {
 		return nil, err
@@ -171,26 +157,8 @@ func (m *Mount) IsMountOf(dev string, major, minor uint32) bool {
 	return m.Source == dev
 }
 
-// CheckHealthy stats path and reports a dead mount (ENOTCONN, ESTALE, EIO)
-// as corrupted=true; other stat errors are returned.
-func CheckHealthy(path string) (corrupted bool, err error) {
-	_, err = os.Stat(path)
-	if err == nil {
-		return false, nil
-	}
-	if mountutils.IsCorruptedMnt(err) {
-		return true, nil
-	}
-	return false, err
-}
-
-func statPath(path string) error {
-	_, err := os.Stat(path)
-	return err
-}
-
 // MountDevice mounts dev on target as fsType with options.
-func (d *DataPath) MountDevice(ctx context.Context, dev, target, fsType string, options []string) error {
+func (d *LinuxHost) MountDevice(ctx context.Context, dev, target, fsType string, options []string) error {
 	args := []string{"-t", fsType}
 	if len(options) > 0 {
 		args = append(args, "-o", strings.Join(options, ","))
@@ -204,7 +172,7 @@ func (d *DataPath) MountDevice(ctx context.Context, dev, target, fsType string, 
 
 // BindMount makes source visible at target; readOnly remounts the bind
 // read-only, which the kernel only allows as a second step.
-func (d *DataPath) BindMount(ctx context.Context, source, target string, readOnly bool) error {
+func (d *LinuxHost) BindMount(ctx context.Context, source, target string, readOnly bool) error {
 	if err := d.kernel.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s on %s: %w", source, target, err)
 	}
@@ -216,7 +184,7 @@ func (d *DataPath) BindMount(ctx context.Context, source, target string, readOnl
 
 // RemountReadOnly makes an existing bind mount read-only, keeping its other
 // per-mount flags.
-func (d *DataPath) RemountReadOnly(_ context.Context, target string) error {
+func (d *LinuxHost) RemountReadOnly(_ context.Context, target string) error {
 	var st unix.Statfs_t
 	if err := d.kernel.Statfs(target, &st); err != nil {
 		return fmt.Errorf("make %s read-only: %w", target, err)
@@ -236,7 +204,7 @@ const maxStackedMounts = 8
 // kernel says nothing is mounted there (EINVAL). A path that is not
 // mounted, or does not exist, is fine; a busy mount is a precondition
 // failure, since unmounting it lazily would hide a device still in use.
-func (d *DataPath) Unmount(_ context.Context, target string) error {
+func (d *LinuxHost) Unmount(_ context.Context, target string) error {
 	for unmounted := 0; ; unmounted++ {
 		// UMOUNT_NOFOLLOW: a symlink put in place of a mount point is
 		// never followed to unmount whatever it points at.

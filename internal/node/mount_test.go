@@ -86,7 +86,7 @@ func TestMountsParsesAndUnescapes(t *testing.T) {
 		"100 22 7:3 / "+escape(target)+" ro,nosuid,relatime shared:50 - xfs /dev/loop3 ro,nouuid,attr2",
 		"101 100 7:3 /sub\\040dir /pods/x rw master:50 - xfs /dev/loop3 rw,nouuid",
 	)
-	d := New(nil)
+	d := NewLinuxHost(nil)
 	d.mountInfoPath = table.path
 
 	mounts, err := d.Mounts()
@@ -132,7 +132,7 @@ func TestMountAtTopOfStackAndThroughSymlink(t *testing.T) {
 		"100 22 7:3 / "+target+" rw - ext4 /dev/loop3 rw",
 		"101 100 0:45 / "+target+" rw - tmpfs tmpfs rw",
 	)
-	d := New(nil)
+	d := NewLinuxHost(nil)
 	d.mountInfoPath = table.path
 	for _, p := range []string{target, target + "/", link} {
 		m, err := d.MountAt(p)
@@ -146,7 +146,7 @@ func TestMountAtTopOfStackAndThroughSymlink(t *testing.T) {
 }
 
 func TestMountsUnreadable(t *testing.T) {
-	d := New(nil)
+	d := NewLinuxHost(nil)
 	d.mountInfoPath = filepath.Join(t.TempDir(), "missing")
 	if _, err := d.Mounts(); err == nil || !strings.Contains(err.Error(), d.mountInfoPath) {
 		t.Errorf("Mounts() = %v, want an error naming %s", err, d.mountInfoPath)
@@ -177,7 +177,7 @@ func TestUnmount(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t) // no commands at all
+			d, _ := scriptedHost(t) // no commands at all
 			k := d.kernel.(*FakeKernelMounts)
 			k.Stacked[target] = tc.stacked
 			if tc.fail != nil {
@@ -247,7 +247,7 @@ func TestBindMount(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t)
+			d, _ := scriptedHost(t)
 			k := d.kernel.(*FakeKernelMounts)
 			k.StatfsFlags = keptFlags
 			for call, err := range tc.fail {
@@ -276,7 +276,7 @@ func TestBindMount(t *testing.T) {
 }
 
 func TestMountDevice(t *testing.T) {
-	d, _ := scriptedDataPath(t,
+	d, _ := scriptedHost(t,
 		commandtest.Expect("mount", "-t", "xfs", "-o", "nouuid,noatime,ro", "/dev/loop3", "/staging"),
 		commandtest.Expect("mount", "-t", "ext4", "/dev/loop4", "/staging2"),
 	)
@@ -326,17 +326,6 @@ func TestResolve(t *testing.T) {
 	}
 }
 
-func TestCheckHealthy(t *testing.T) {
-	dir := t.TempDir()
-	if corrupted, err := CheckHealthy(dir); corrupted || err != nil {
-		t.Errorf("CheckHealthy(existing dir) = %v, %v; want false, nil", corrupted, err)
-	}
-	corrupted, err := CheckHealthy(filepath.Join(dir, "missing"))
-	if corrupted || !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("CheckHealthy(missing) = %v, %v; want false and a not-exist error", corrupted, err)
-	}
-}
-
 func TestRemoveMountPoint(t *testing.T) {
 	dir := t.TempDir()
 	empty := filepath.Join(dir, "empty")
@@ -353,7 +342,7 @@ func TestRemoveMountPoint(t *testing.T) {
 		}
 	}
 	for _, p := range []string{empty, file, filepath.Join(dir, "missing")} {
-		if err := RemoveMountPoint("target_path", p); err != nil {
+		if err := removeMountPoint(realFiles, "target_path", p); err != nil {
 			t.Errorf("RemoveMountPoint(%q): %v", p, err)
 		}
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
@@ -362,7 +351,7 @@ func TestRemoveMountPoint(t *testing.T) {
 	}
 	// A directory with content is never removed recursively: it may be a
 	// volume whose unmount did not happen.
-	if err := RemoveMountPoint("target_path", full); err == nil {
+	if err := removeMountPoint(realFiles, "target_path", full); err == nil {
 		t.Error("RemoveMountPoint of a non-empty directory succeeded")
 	}
 	if _, err := os.Stat(filepath.Join(full, "data")); err != nil {

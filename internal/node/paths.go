@@ -3,13 +3,11 @@ package node
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
-	mountutils "k8s.io/mount-utils"
 
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -123,31 +121,6 @@ func resolveParents(field, dir string) (string, error) {
 	}
 }
 
-// pathEntry is what Lstat found at a path.
-type pathEntry struct {
-	exists bool
-	// dead is a mount whose filesystem no longer answers (ENOTCONN,
-	// ESTALE, EIO): it can only be unmounted.
-	dead bool
-	mode os.FileMode
-	size int64
-	rdev uint64
-}
-
-func lstatEntry(path string) (pathEntry, error) {
-	var st unix.Stat_t
-	err := unix.Lstat(path, &st)
-	switch {
-	case err == nil:
-		return pathEntry{exists: true, mode: fileMode(st.Mode), size: st.Size, rdev: st.Rdev}, nil
-	case errors.Is(err, unix.ENOENT):
-		return pathEntry{}, nil
-	case mountutils.IsCorruptedMnt(err):
-		return pathEntry{exists: true, dead: true}, nil
-	}
-	return pathEntry{}, &os.PathError{Op: "lstat", Path: path, Err: err}
-}
-
 func fileMode(m uint32) os.FileMode {
 	switch m & unix.S_IFMT {
 	case unix.S_IFDIR:
@@ -166,75 +139,31 @@ func fileMode(m uint32) os.FileMode {
 	return 0 // regular
 }
 
-// String describes the entry for an error message.
-func (e pathEntry) String() string {
-	switch {
-	case !e.exists:
-		return "nothing"
-	case e.dead:
-		return "a dead mount"
-	case e.mode&os.ModeSymlink != 0:
-		return "a symlink"
-	case e.mode&os.ModeCharDevice != 0:
-		return fmt.Sprintf("a character device node (%d:%d)", unix.Major(e.rdev), unix.Minor(e.rdev))
-	case e.mode&os.ModeDevice != 0:
-		return fmt.Sprintf("a block device node (%d:%d)", unix.Major(e.rdev), unix.Minor(e.rdev))
-	case e.mode&os.ModeSocket != 0:
-		return "a socket"
-	case e.mode&os.ModeNamedPipe != 0:
-		return "a named pipe"
-	case e.mode.IsDir():
-		return "a directory"
-	case e.size == 0:
-		return "an empty regular file"
-	}
-	return fmt.Sprintf("a regular file holding %d bytes", e.size)
-}
-
-func (e pathEntry) isDir() bool { return e.exists && !e.dead && e.mode.IsDir() }
-func (e pathEntry) isEmptyFile() bool {
-	return e.exists && !e.dead && e.mode.IsRegular() && e.size == 0
-}
-
-// dirIsEmpty reports whether the directory at path has no entries.
-func dirIsEmpty(path string) (bool, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	_, err = f.Readdirnames(1)
-	if errors.Is(err, io.EOF) {
-		return true, nil
-	}
-	return false, err
-}
-
-// CheckStagingPath refuses a staging path that holds anything but a
+// checkStagingPath refuses a staging path that holds anything but a
 // directory (or a dead mount, which unstaging removes): a staging path is a
 // directory kubelet makes, and nothing else there is the driver's.
-func CheckStagingPath(field, path string) error {
-	e, err := lstatEntry(path)
+func checkStagingPath(h Host, field, path string) error {
+	e, err := h.Stat(path)
 	if err != nil {
 		return err
 	}
-	if e.exists && !e.dead && !e.mode.IsDir() {
+	if e.Exists && !e.Dead && e.Type != os.ModeDir {
 		return errdefs.Precondition("%s %s is %s, not a directory; the node plugin leaves it as it is", field, path, e)
 	}
 	return nil
 }
 
-// CheckEmptyStagingPath refuses, for a block volume's stage (which mounts
+// checkEmptyStagingPath refuses, for a block volume's stage (which mounts
 // nothing there), a staging path that is anything but missing or an empty
 // directory: kubelet makes it empty, so content there is not the volume's.
-func CheckEmptyStagingPath(field, path string) error {
-	if err := CheckStagingPath(field, path); err != nil {
+func checkEmptyStagingPath(h Host, field, path string) error {
+	if err := checkStagingPath(h, field, path); err != nil {
 		return err
 	}
-	if e, err := lstatEntry(path); err != nil || !e.isDir() {
+	if e, err := h.Stat(path); err != nil || !e.IsDir() {
 		return err
 	}
-	empty, err := dirIsEmpty(path)
+	empty, err := h.DirEmpty(path)
 	if err != nil {
 		return err
 	}
@@ -244,90 +173,79 @@ func CheckEmptyStagingPath(field, path string) error {
 	return nil
 }
 
-// PrepareMountPoint makes path ready to be mounted on: an empty directory,
+// prepareMountPoint makes path ready to be mounted on: an empty directory,
 // created if missing (with its parents). A directory with entries, or
 // anything that is not a directory, is refused untouched: mounting over
 // it would hide what it holds. The caller has checked that nothing is
 // mounted at path already.
-func PrepareMountPoint(field, path string) error {
-	e, err := lstatEntry(path)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !e.exists:
-		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-			return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: create the parent of %s", field, path)
-		}
-		if err := os.Mkdir(path, 0o750); err != nil && !os.IsExist(err) {
-			return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: create %s", field, path)
-		}
-		return PrepareMountPoint(field, path) // whatever raced us to it is checked too
-	case !e.isDir():
-		return errdefs.Precondition("%s %s is %s, not a directory to mount on; the node plugin leaves it as it is", field, path, e)
-	}
-	empty, err := dirIsEmpty(path)
-	if err != nil {
-		return err
-	}
-	if !empty {
-		return errdefs.Precondition("%s %s is a directory that is not empty and not a mount; mounting over it would hide what it holds", field, path)
-	}
-	return nil
-}
-
-// PrepareDeviceTarget makes path ready for a block volume's device to be
-// bound onto it: an empty regular file, created if missing. A file with
-// data, or anything that is not a regular file, is refused untouched.
-func PrepareDeviceTarget(field, path string) error {
-	e, err := lstatEntry(path)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !e.exists:
-		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-			return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: create the parent of %s", field, path)
-		}
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o640)
-		if os.IsExist(err) {
-			return PrepareDeviceTarget(field, path)
-		}
+func prepareMountPoint(h Host, field, path string) error {
+	for attempt := 0; ; attempt++ {
+		e, err := h.Stat(path)
 		if err != nil {
-			return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: create %s", field, path)
+			return err
 		}
-		return f.Close()
-	case e.isEmptyFile():
+		switch {
+		case !e.Exists && attempt == 0:
+			if err := h.MakeDir(path); err != nil {
+				return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: create %s", field, path)
+			}
+			continue // whatever raced us to it is checked too
+		case !e.IsDir():
+			return errdefs.Precondition("%s %s is %s, not a directory to mount on; the node plugin leaves it as it is", field, path, e)
+		}
+		empty, err := h.DirEmpty(path)
+		if err != nil {
+			return err
+		}
+		if !empty {
+			return errdefs.Precondition("%s %s is a directory that is not empty and not a mount; mounting over it would hide what it holds", field, path)
+		}
 		return nil
 	}
-	return errdefs.Precondition("%s %s is %s, not an empty file to bind a block device onto; the node plugin leaves it as it is", field, path, e)
 }
 
-// RemoveMountPoint removes what is left at path once nothing is mounted
+// prepareDeviceTarget makes path ready for a block volume's device to be
+// bound onto it: an empty regular file, created if missing. A file with
+// data, or anything that is not a regular file, is refused untouched.
+func prepareDeviceTarget(h Host, field, path string) error {
+	for attempt := 0; ; attempt++ {
+		e, err := h.Stat(path)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !e.Exists && attempt == 0:
+			if err := h.MakeFile(path); err != nil && !os.IsExist(err) {
+				return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: create %s", field, path)
+			}
+			continue
+		case e.IsEmptyFile():
+			return nil
+		}
+		return errdefs.Precondition("%s %s is %s, not an empty file to bind a block device onto; the node plugin leaves it as it is", field, path, e)
+	}
+}
+
+// removeMountPoint removes what is left at path once nothing is mounted
 // there, if it is what the driver could have made: an empty directory or
 // an empty regular file. Anything else (a file with data, a device node, a
 // symlink, a socket, a directory with entries) is left as it is and named
 // in a FAILED_PRECONDITION error. A missing path is fine.
-func RemoveMountPoint(field, path string) error {
-	e, err := lstatEntry(path)
+func removeMountPoint(h Host, field, path string) error {
+	e, err := h.Stat(path)
 	if err != nil {
 		return err
 	}
 	switch {
-	case !e.exists:
+	case !e.Exists:
 		return nil
-	case e.isDir():
-		err := unix.Rmdir(path)
-		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
+	case e.IsDir(), e.IsEmptyFile():
+		err := h.Remove(path)
+		switch {
+		case errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST):
 			return errdefs.Precondition("%s %s is a directory that is not empty; the node plugin removes only the empty directory it made", field, path)
-		}
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return &os.PathError{Op: "rmdir", Path: path, Err: err}
-		}
-		return nil
-	case e.isEmptyFile():
-		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
-			return &os.PathError{Op: "unlink", Path: path, Err: err}
+		case err != nil && !errors.Is(err, unix.ENOENT):
+			return err
 		}
 		return nil
 	}

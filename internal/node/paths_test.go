@@ -198,6 +198,11 @@ func snapshot(t *testing.T, path string) string {
 	return s
 }
 
+// realHelper runs a path helper on the real filesystem.
+func realHelper(h func(Host, string, string) error) func(field, path string) error {
+	return func(field, path string) error { return h(realFiles, field, path) }
+}
+
 // Each helper accepts exactly what the driver could have made and leaves
 // everything else as it was.
 func TestPathHelpersOnEveryKind(t *testing.T) {
@@ -210,19 +215,19 @@ func TestPathHelpersOnEveryKind(t *testing.T) {
 		call func(field, path string) error
 		want map[string]outcome // by victim; missing entries: refused, intact
 	}{
-		{"CheckStagingPath", CheckStagingPath, map[string]outcome{
+		{"checkStagingPath", realHelper(checkStagingPath), map[string]outcome{
 			"non-empty directory": {ok: true}, "empty directory": {ok: true},
 		}},
-		{"CheckEmptyStagingPath", CheckEmptyStagingPath, map[string]outcome{
+		{"checkEmptyStagingPath", realHelper(checkEmptyStagingPath), map[string]outcome{
 			"empty directory": {ok: true},
 		}},
-		{"PrepareMountPoint", PrepareMountPoint, map[string]outcome{
+		{"prepareMountPoint", realHelper(prepareMountPoint), map[string]outcome{
 			"empty directory": {ok: true},
 		}},
-		{"PrepareDeviceTarget", PrepareDeviceTarget, map[string]outcome{
+		{"prepareDeviceTarget", realHelper(prepareDeviceTarget), map[string]outcome{
 			"empty regular file": {ok: true},
 		}},
-		{"RemoveMountPoint", RemoveMountPoint, map[string]outcome{
+		{"removeMountPoint", realHelper(removeMountPoint), map[string]outcome{
 			"empty regular file": {ok: true, removed: true}, "empty directory": {ok: true, removed: true},
 		}},
 	}
@@ -260,23 +265,23 @@ func TestPathHelpersOnEveryKind(t *testing.T) {
 func TestPrepareCreatesWhatIsMissing(t *testing.T) {
 	dir := t.TempDir()
 	mp := filepath.Join(dir, "pods", "p", "volumes", "mount")
-	if err := PrepareMountPoint("target_path", mp); err != nil {
+	if err := prepareMountPoint(realFiles, "target_path", mp); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := os.Lstat(mp); err != nil || !st.IsDir() {
 		t.Fatalf("mount point: %v, %v", st, err)
 	}
 	dev := filepath.Join(dir, "publish", "pv", "pod-uid")
-	if err := PrepareDeviceTarget("target_path", dev); err != nil {
+	if err := prepareDeviceTarget(realFiles, "target_path", dev); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := os.Lstat(dev); err != nil || !st.Mode().IsRegular() || st.Size() != 0 {
 		t.Fatalf("device target: %v, %v", st, err)
 	}
-	if err := CheckStagingPath("staging_target_path", filepath.Join(dir, "missing")); err != nil {
+	if err := checkStagingPath(realFiles, "staging_target_path", filepath.Join(dir, "missing")); err != nil {
 		t.Errorf("CheckStagingPath of a missing path: %v", err)
 	}
-	if err := RemoveMountPoint("target_path", filepath.Join(dir, "missing")); err != nil {
+	if err := removeMountPoint(realFiles, "target_path", filepath.Join(dir, "missing")); err != nil {
 		t.Errorf("RemoveMountPoint of a missing path: %v", err)
 	}
 }

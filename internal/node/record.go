@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -29,6 +28,13 @@ type StageRecord struct {
 	// record from an earlier boot describes mounts and devices that are
 	// gone (ForgetEarlierBoots).
 	BootID string `json:"bootID,omitempty"`
+	// Publishes are the target paths the volume has been published at
+	// while staged here: a publish adds its target before it binds, and
+	// drops the targets that no longer hold the volume. Unstage and a
+	// single-writer publish check these few paths instead of reading the
+	// whole mount table. nil in records of drivers that did not keep
+	// them; the mount table is read then.
+	Publishes *[]string `json:"publishes,omitempty"`
 }
 
 const (
@@ -44,8 +50,29 @@ func StageRecordPath(stagingPath string) string {
 	return filepath.Join(filepath.Dir(clean), filepath.Base(clean)+stageRecordSuffix)
 }
 
+// realFiles is the host the exported record functions use: the real
+// filesystem (the inventory, the operators' tools and tests read records
+// that way).
+var realFiles Host = NewLinuxHost(nil)
+
 // WriteStageRecord stores rec for stagingPath, atomically.
 func WriteStageRecord(stagingPath string, rec StageRecord) error {
+	return writeStageRecord(realFiles, stagingPath, rec)
+}
+
+// ReadStageRecord returns the record of stagingPath, or ErrNotFound.
+func ReadStageRecord(stagingPath string) (*StageRecord, error) {
+	return readStageRecord(realFiles, stagingPath)
+}
+
+// RemoveStageRecord deletes the record of stagingPath; a missing one is
+// fine. Only a regular file is removed: anything else by that name is not
+// a record the driver wrote.
+func RemoveStageRecord(stagingPath string) error {
+	return removeStageRecord(realFiles, stagingPath)
+}
+
+func writeStageRecord(h Host, stagingPath string, rec StageRecord) error {
 	rec.Version = stageRecordVersion
 	if rec.StagedAt.IsZero() {
 		rec.StagedAt = time.Now().UTC().Truncate(time.Second)
@@ -60,28 +87,25 @@ func WriteStageRecord(stagingPath string, rec StageRecord) error {
 		return err
 	}
 	path := StageRecordPath(stagingPath)
-	if err := checkReplaceableRecord(path); err != nil {
+	if err := checkReplaceableRecord(h, path); err != nil {
 		return err
 	}
-	return atomicfile.WriteVolatile(path, append(data, '\n'), 0o600)
+	return h.WriteFile(path, append(data, '\n'))
 }
 
 // checkReplaceableRecord refuses to replace what is at a stage record's
 // path unless it is a record (or the empty or torn file a power loss can
 // leave of one): a file of that name that the driver did not write is
 // somebody's data.
-func checkReplaceableRecord(path string) error {
-	st, err := os.Lstat(path)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
+func checkReplaceableRecord(h Host, path string) error {
+	st, err := h.Stat(path)
+	if err != nil || !st.Exists {
 		return err
 	}
-	if !st.Mode().IsRegular() {
-		return errdefs.Precondition("%s is in the way of the stage record (%s); the node plugin leaves it as it is", path, st.Mode().Type())
+	if st.Dead || st.Type != 0 {
+		return errdefs.Precondition("%s is in the way of the stage record (%s); the node plugin leaves it as it is", path, st)
 	}
-	data, err := os.ReadFile(path)
+	data, err := h.ReadFile(path)
 	if err != nil {
 		return err
 	}
@@ -92,10 +116,9 @@ func checkReplaceableRecord(path string) error {
 	return nil
 }
 
-// ReadStageRecord returns the record of stagingPath, or ErrNotFound.
-func ReadStageRecord(stagingPath string) (*StageRecord, error) {
+func readStageRecord(h Host, stagingPath string) (*StageRecord, error) {
 	path := StageRecordPath(stagingPath)
-	data, err := os.ReadFile(path)
+	data, err := h.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil, errdefs.NotFound("no stage record at %s", path)
 	}
@@ -109,22 +132,16 @@ func ReadStageRecord(stagingPath string) (*StageRecord, error) {
 	return &rec, nil
 }
 
-// RemoveStageRecord deletes the record of stagingPath; a missing one is
-// fine. Only a regular file is removed: anything else by that name is not
-// a record the driver wrote.
-func RemoveStageRecord(stagingPath string) error {
+func removeStageRecord(h Host, stagingPath string) error {
 	path := StageRecordPath(stagingPath)
-	st, err := os.Lstat(path)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
+	st, err := h.Stat(path)
+	if err != nil || !st.Exists {
 		return err
 	}
-	if !st.Mode().IsRegular() {
-		return errdefs.Precondition("%s is not a stage record (%s); the node plugin leaves it as it is", path, st.Mode().Type())
+	if st.Dead || st.Type != 0 {
+		return errdefs.Precondition("%s is not a stage record (%s); the node plugin leaves it as it is", path, st)
 	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+	if err := h.Remove(path); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	return nil

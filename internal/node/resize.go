@@ -37,7 +37,7 @@ const offlineGrowTimeout = 30 * time.Minute
 //
 // It works mounted or not. An output it cannot read is an error naming the
 // command.
-func (d *DataPath) FilesystemSize(ctx context.Context, dev, fsType string) (int64, error) {
+func (d *LinuxHost) FilesystemSize(ctx context.Context, dev, fsType string) (int64, error) {
 	var (
 		args  []string
 		parse func([]byte) (int64, error)
@@ -50,7 +50,7 @@ func (d *DataPath) FilesystemSize(ctx context.Context, dev, fsType string) (int6
 	case "btrfs":
 		args, parse = []string{"btrfs", "inspect-internal", "dump-super", dev}, parseBtrfsSuperSize
 	default:
-		_, err := LookupFilesystem(fsType)
+		_, err := filesystemNamed(fsType)
 		return 0, err
 	}
 	out, err := d.run.Run(ctx, args[0], args[1:]...)
@@ -146,7 +146,7 @@ func excerpt(out []byte) string {
 	return s
 }
 
-// NeedsGrow reports whether the fsType filesystem on dev is smaller than the
+// needsGrow reports whether the fsType filesystem on dev is smaller than the
 // device by more than the tail that filesystem leaves unused anyway (see
 // Filesystem.maxUnusedTail), that is, whether the device grew since the
 // filesystem was made or last grown. It works mounted or not; NodeStage
@@ -155,16 +155,16 @@ func excerpt(out []byte) string {
 // cannot grow (the tools need to write), so it is not worth asking then. A
 // filesystem larger than its device is a precondition failure: its end is
 // unreadable.
-func (d *DataPath) NeedsGrow(ctx context.Context, dev, fsType string) (bool, error) {
-	fs, err := LookupFilesystem(fsType)
+func needsGrow(ctx context.Context, h Host, dev, fsType string) (bool, error) {
+	fs, err := filesystemNamed(fsType)
 	if err != nil {
 		return false, err
 	}
-	deviceBytes, err := d.deviceSize(dev)
+	deviceBytes, err := h.DeviceSize(dev)
 	if err != nil {
 		return false, fmt.Errorf("size of %s: %w", dev, err)
 	}
-	fsBytes, err := d.FilesystemSize(ctx, dev, fsType)
+	fsBytes, err := h.FilesystemSize(ctx, dev, fsType)
 	if err != nil {
 		return false, err
 	}
@@ -198,7 +198,7 @@ func (d *DataPath) NeedsGrow(ctx context.Context, dev, fsType string) (bool, err
 // succeeds (resize2fs "Nothing to do!", xfs_growfs and btrfs exit 0), so a
 // retry is safe. Callers that want to skip the offline ext4 check when
 // there is nothing to grow ask NeedsGrow first.
-func (d *DataPath) GrowFilesystem(ctx context.Context, dev, fsType, mountPath string) error {
+func (d *LinuxHost) GrowFilesystem(ctx context.Context, dev, fsType, mountPath string) error {
 	switch fsType {
 	case "ext4":
 		if mountPath == "" {
@@ -230,7 +230,7 @@ func (d *DataPath) GrowFilesystem(ctx context.Context, dev, fsType, mountPath st
 		}
 		return nil
 	}
-	_, err := LookupFilesystem(fsType)
+	_, err := filesystemNamed(fsType)
 	return err
 }
 
@@ -240,7 +240,7 @@ func (d *DataPath) GrowFilesystem(ctx context.Context, dev, fsType, mountPath st
 // staging path). xfs_growfs and btrfs resize fail with EROFS on a read-only
 // mount even when the filesystem itself is writable. A filesystem mounted
 // only read-only cannot grow now: a precondition failure.
-func (d *DataPath) writableMountOf(dev, fsType, mountPath string) (string, error) {
+func (d *LinuxHost) writableMountOf(dev, fsType, mountPath string) (string, error) {
 	m, err := d.MountAt(mountPath)
 	if err != nil {
 		return "", err
@@ -277,7 +277,7 @@ var e2fsckExitMeanings = []struct {
 	{128, "shared library error"},
 }
 
-func (d *DataPath) growExt4Offline(ctx context.Context, dev string) error {
+func (d *LinuxHost) growExt4Offline(ctx context.Context, dev string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), offlineGrowTimeout)
 	defer cancel()
 	out, err := d.run.Run(ctx, "e2fsck", "-f", "-p", dev)
@@ -310,7 +310,7 @@ const resize2fsPermissionDenied = "Permission denied to resize filesystem"
 // capSysResource is CAP_SYS_RESOURCE's bit in the /proc/<pid>/status masks.
 const capSysResource = 24
 
-func (d *DataPath) growExt4Online(ctx context.Context, dev, mountPath string) error {
+func (d *LinuxHost) growExt4Online(ctx context.Context, dev, mountPath string) error {
 	_, err := d.run.Run(ctx, "resize2fs", dev)
 	if err == nil {
 		return nil

@@ -46,17 +46,17 @@ func writeRandomFile(t *testing.T, path string, size int) [32]byte {
 	return fileSHA256(t, path)
 }
 
-func stage(t *testing.T, d *DataPath, dev, target, fsName string) {
+func stage(t *testing.T, d *LinuxHost, dev, target, fsName string) {
 	t.Helper()
 	fs := mustFS(t, fsName)
-	if _, err := d.StageFilesystem(context.Background(), FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), func(context.Context) error { return nil }); err != nil {
+	if _, err := stageFilesystem(context.Background(), d, FormatRequest{Device: dev, Filesystem: fs}, target, fs.MountOptions(nil, false), func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func wantNeedsGrow(t *testing.T, d *DataPath, dev, fs string, want bool) {
+func wantNeedsGrow(t *testing.T, d *LinuxHost, dev, fs string, want bool) {
 	t.Helper()
-	got, err := d.NeedsGrow(context.Background(), dev, fs)
+	got, err := needsGrow(context.Background(), d, dev, fs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestRealGrowFilesystem(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			testutil.RequireCommands(t, tc.tools...)
 			ctx := context.Background()
-			d, ran := realDataPath()
+			d, ran := realHost()
 			dev, file := loopDevice(t, tc.size)
 			target := mountPoint(t, d, "globalmount")
 			stage(t, d, dev, target, tc.fs)
@@ -204,7 +204,7 @@ func TestRealGrowThroughReadOnlyBind(t *testing.T) {
 		t.Run(tc.fs, func(t *testing.T) {
 			testutil.RequireCommands(t, tc.tools...)
 			ctx := context.Background()
-			d, ran := realDataPath()
+			d, ran := realHost()
 			dev, file := loopDevice(t, tc.size)
 			staging := mountPoint(t, d, "globalmount")
 			pod := mountPoint(t, d, "pod")
@@ -231,9 +231,9 @@ func TestRealGrowExt4RefusesDamagedFilesystem(t *testing.T) {
 	testutil.RequireRoot(t, "attach loop devices")
 	testutil.RequireCommands(t, "losetup", "blkid", "mkfs.ext4", "debugfs", "dumpe2fs", "e2fsck", "resize2fs")
 	ctx := context.Background()
-	d, ran := realDataPath()
+	d, ran := realHost()
 	dev, file := loopDevice(t, 64*mib)
-	if _, err := d.EnsureFilesystem(ctx, FormatRequest{Device: dev, Filesystem: mustFS(t, "ext4")}); err != nil {
+	if _, err := ensureFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: mustFS(t, "ext4")}); err != nil {
 		t.Fatal(err)
 	}
 	// Clear the root directory's inode: "Root inode is not a directory",
@@ -269,9 +269,9 @@ func TestRealFreshFilesystemNeedsNoGrow(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%dMiB", fs, mibs), func(t *testing.T) {
 				testutil.RequireCommands(t, "mkfs."+fs)
 				ctx := context.Background()
-				d, _ := realDataPath()
+				d, _ := realHost()
 				dev, file := loopDevice(t, mibs*mib)
-				if _, err := d.EnsureFilesystem(ctx, FormatRequest{Device: dev, Filesystem: mustFS(t, fs)}); err != nil {
+				if _, err := ensureFilesystem(ctx, d, FormatRequest{Device: dev, Filesystem: mustFS(t, fs)}); err != nil {
 					t.Fatal(err)
 				}
 				wantNeedsGrow(t, d, dev, fs, false)

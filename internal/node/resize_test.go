@@ -82,7 +82,7 @@ func TestFilesystemSizeParsesRealOutputs(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t, tc.step)
+			d, _ := scriptedHost(t, tc.step)
 			got, err := d.FilesystemSize(context.Background(), testDev, tc.fs)
 			if err != nil {
 				t.Fatal(err)
@@ -187,7 +187,7 @@ func TestFilesystemSizeFailures(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedDataPath(t, tc.steps...)
+			d, _ := scriptedHost(t, tc.steps...)
 			size, err := d.FilesystemSize(context.Background(), testDev, tc.fs)
 			if err == nil {
 				t.Fatalf("FilesystemSize = %d, want an error", size)
@@ -295,14 +295,14 @@ func TestNeedsGrow(t *testing.T) {
 			if tc.fsBytes >= 0 {
 				steps = append(steps, sizeStep(t, tc.fs, tc.fsBytes))
 			}
-			d, _ := scriptedDataPath(t, steps...)
+			d, _ := scriptedHost(t, steps...)
 			d.deviceSize = func(path string) (int64, error) {
 				if path != testDev {
 					t.Errorf("size asked of %s, want %s", path, testDev)
 				}
 				return tc.deviceBytes, tc.deviceErr
 			}
-			got, err := d.NeedsGrow(context.Background(), testDev, tc.fs)
+			got, err := needsGrow(context.Background(), d, testDev, tc.fs)
 			switch {
 			case tc.wantKind != nil:
 				testutil.WantKind(t, err, tc.wantKind, tc.wantErr...)
@@ -368,9 +368,9 @@ func TestNeedsGrowMeasuredTails(t *testing.T) {
 				deviceBytes int64
 				want        bool
 			}{{tc.deviceBytes, tc.freshNeedsGrow}, {tc.deviceBytes + grownBy, true}} {
-				d, _ := scriptedDataPath(t, sizeStep(t, tc.fs, tc.fsBytes))
+				d, _ := scriptedHost(t, sizeStep(t, tc.fs, tc.fsBytes))
 				d.deviceSize = func(string) (int64, error) { return c.deviceBytes, nil }
-				got, err := d.NeedsGrow(context.Background(), testDev, tc.fs)
+				got, err := needsGrow(context.Background(), d, testDev, tc.fs)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -582,9 +582,14 @@ func TestGrowFilesystem(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, script := scriptedDataPath(t, tc.steps...)
+			d, script := scriptedHost(t, tc.steps...)
 			d.mountInfoPath = newMountTable(t, append([]string{rootMount}, tc.mounts...)...).path
-			d.blockDeviceAt = (&fakeNode{devices: map[string][2]uint32{testDev: {7, 3}}}).blockDeviceAt
+			d.blockDeviceAt = func(path string) (uint32, uint32, bool, error) {
+				if path == testDev {
+					return 7, 3, true, nil
+				}
+				return 0, 0, false, os.ErrNotExist
+			}
 			asked := false
 			d.programsHaveCapability = func(bit uint) (bool, error) {
 				asked = true
