@@ -248,7 +248,13 @@ func (d *Driver) Stop() error {
 }
 
 // RSSBytes is the resident set size of a child-process driver.
-func (d *Driver) RSSBytes() (int64, error) {
+func (d *Driver) RSSBytes() (int64, error) { return d.statusBytes("VmRSS:") }
+
+// PeakRSSBytes is the largest resident set size the child-process driver
+// has had (VmHWM).
+func (d *Driver) PeakRSSBytes() (int64, error) { return d.statusBytes("VmHWM:") }
+
+func (d *Driver) statusBytes(key string) (int64, error) {
 	if d.Process == nil {
 		return 0, fmt.Errorf("driver runs in-process")
 	}
@@ -257,7 +263,7 @@ func (d *Driver) RSSBytes() (int64, error) {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, key); ok {
 			var kib int64
 			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kib); err != nil {
 				return 0, err
@@ -265,7 +271,7 @@ func (d *Driver) RSSBytes() (int64, error) {
 			return kib << 10, nil
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", d.Process.Pid)
+	return 0, fmt.Errorf("no %s in /proc/%d/status", key, d.Process.Pid)
 }
 
 // Connect waits for the socket and dials it. died, when not nil, reports a

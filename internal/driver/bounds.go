@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -163,12 +165,17 @@ func boundString(field, s string, limit int) error {
 	return nil
 }
 
+// maxRequestBytes bounds a whole request, far above what any CSI request
+// needs (a few KiB). A larger one is not decoded at all, so that sixteen
+// 3 MiB requests at once cost their bytes on the wire and nothing more.
+const maxRequestBytes = 1 << 20
+
 // lenientCodec decodes requests as grpc-go's proto codec does, except that
 // a request it cannot decode (invalid UTF-8 in a string, a malformed
-// message) is not answered INTERNAL before any interceptor sees it: the
-// message is left empty and the decode error kept for checkDecoded, which
-// answers INVALID_ARGUMENT through the interceptors, so it is logged and
-// counted like every other refusal.
+// message) or will not (over maxRequestBytes) is not answered INTERNAL
+// before any interceptor sees it: the message is left empty and the reason
+// kept for checkDecoded, which answers INVALID_ARGUMENT through the
+// interceptors, so it is logged and counted like every other refusal.
 type lenientCodec struct {
 	encoding.CodecV2
 	undecoded sync.Map // proto.Message -> error
@@ -179,8 +186,12 @@ func newLenientCodec() *lenientCodec {
 }
 
 func (c *lenientCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.CodecV2.Unmarshal(data, v)
 	m, ok := v.(proto.Message)
+	if ok && data.Len() > maxRequestBytes {
+		c.undecoded.Store(m, tooLarge(data, m.ProtoReflect().Descriptor()))
+		return nil
+	}
+	err := c.CodecV2.Unmarshal(data, v)
 	if err == nil || !ok {
 		return err
 	}
@@ -189,10 +200,58 @@ func (c *lenientCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
+// tooLarge says how large the request is and which of its fields holds the
+// most, read from the wire format without decoding anything.
+func tooLarge(data mem.BufferSlice, desc protoreflect.MessageDescriptor) error {
+	total := data.Len()
+	r := data.Reader()
+	defer r.Close()
+	largest, largestBytes := "", 0
+	for r.Remaining() > 0 {
+		tag, err := binary.ReadUvarint(r)
+		if err != nil {
+			break
+		}
+		num, typ := protowire.Number(tag>>3), protowire.Type(tag&7)
+		n := 0
+		switch typ {
+		case protowire.VarintType:
+			_, err = binary.ReadUvarint(r)
+		case protowire.Fixed32Type:
+			n = 4
+		case protowire.Fixed64Type:
+			n = 8
+		case protowire.BytesType:
+			var l uint64
+			l, err = binary.ReadUvarint(r)
+			n = int(min(l, uint64(r.Remaining())))
+		default:
+			err = fmt.Errorf("wire type %d", typ)
+		}
+		if err != nil {
+			break
+		}
+		if _, err := r.Discard(n); err != nil {
+			break
+		}
+		name := fmt.Sprintf("field %d", num)
+		if fd := desc.Fields().ByNumber(num); fd != nil {
+			name = string(fd.Name())
+		}
+		if n > largestBytes {
+			largest, largestBytes = name, n
+		}
+	}
+	if largest == "" {
+		return fmt.Errorf("the request is %d bytes long; the maximum is %d", total, maxRequestBytes)
+	}
+	return fmt.Errorf("the request is %d bytes long, of which %s holds %d; the maximum is %d", total, largest, largestBytes, maxRequestBytes)
+}
+
 // checkDecoded answers a request lenientCodec could not decode.
 func (c *lenientCodec) checkDecoded(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err, ok := c.undecoded.LoadAndDelete(req); ok {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err.(error), "the request could not be decoded")
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err.(error), "the request was not decoded")
 	}
 	return handler(ctx, req)
 }

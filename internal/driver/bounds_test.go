@@ -148,12 +148,18 @@ func TestUndecodableRequestIsInvalidArgument(t *testing.T) {
 	var resp []byte
 	err = conn.Invoke(ctx, "/csi.v1.Controller/CreateVolume", req, &resp, grpc.ForceCodec(rawCodec{}))
 	st, _ := status.FromError(err)
-	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "could not be decoded") || !strings.Contains(st.Message(), "UTF-8") {
+	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "was not decoded") || !strings.Contains(st.Message(), "UTF-8") {
 		t.Fatalf("undecodable CreateVolume = %v, want INVALID_ARGUMENT saying it could not be decoded (invalid UTF-8)", err)
 	}
 	logged := e.logs.FilterField(zap.String("code", "InvalidArgument")).FilterField(zap.String("method", "CreateVolume")).All()
 	if len(logged) != 1 {
 		t.Fatalf("%d log lines for the undecodable request, want 1", len(logged))
+	}
+	// A request over the size bound is not decoded at all; the answer names
+	// the field that holds most of it.
+	_, err = csi.NewControllerClient(conn).CreateVolume(ctx, &csi.CreateVolumeRequest{Name: strings.Repeat("n", 2<<20)})
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "of which name holds 2097152; the maximum is 1048576") {
+		t.Fatalf("a 2 MiB CreateVolume = %v, want INVALID_ARGUMENT naming the name field and the bound", err)
 	}
 	// The server is fine afterwards.
 	if _, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{}); err != nil {
