@@ -214,6 +214,7 @@ func TestRequestsActOnlyOnTheVolumeTheyName(t *testing.T) {
 		{"unstage B at the block volume's staging path", func() error { return w.v.Unstage(ctx, b.Volume, blk.staging) }, errPrecondition, []string{"volume " + blk.ID}},
 		{"unstage B at A's target", func() error { return w.v.Unstage(ctx, b.Volume, a.target) }, errPrecondition, []string{"volume " + a.ID}},
 		{"unstage A at A's target", func() error { return w.v.Unstage(ctx, a.Volume, a.target) }, errPrecondition, []string{"still published at " + a.staging}},
+		{"unstage A where nothing is", func() error { return w.v.Unstage(ctx, a.Volume, filepath.Join(w.kubelet, "plugins/other/globalmount")) }, errPrecondition, []string{"not staged at", "mounted at " + a.staging}},
 		{"stage B at A's staging path", func() error {
 			return w.v.Stage(ctx, w.stageReq(&testVolume{Volume: b.Volume, pc: b.pc, access: b.access, staging: a.staging}))
 		}, errPrecondition, []string{"volume " + a.ID}},
@@ -367,6 +368,22 @@ func TestDeadMounts(t *testing.T) {
 	w.mustStage(b) // its own dead staging mount is redone
 	if info, _ := w.host.Stat(b.staging); info.Dead || !info.MountRoot {
 		t.Fatalf("staging path after a restage over a dead mount: %+v", info)
+	}
+
+	// A dead staging mount is unstaged: unmounted, the device detached,
+	// the record gone.
+	if err := w.v.Unpublish(ctx, a.Volume, a.target); err != nil {
+		t.Fatal(err)
+	}
+	w.host.KillMount(a.staging)
+	if err := w.v.Unstage(ctx, a.Volume, a.staging); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := w.host.Stat(a.staging); info.MountRoot || info.Dead || w.host.Exists(StageRecordPath(a.staging)) {
+		t.Fatalf("after unstaging a dead mount: %+v", info)
+	}
+	if _, ok := w.loops.Devices["/dev/loop0"]; ok {
+		t.Fatal("the device of the dead mount is still attached")
 	}
 }
 
