@@ -152,6 +152,26 @@ func TestRequestsActOnlyOnTheVolumeTheyName(t *testing.T) {
 			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: b.ID, StagingTargetPath: c.StagingPath, VolumeCapability: mount, PublishContext: b.PublishContext})
 			return err
 		}, codes.FailedPrecondition, []string{"volume " + c.ID}},
+		{"stage B at A's target", func() error {
+			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: b.ID, StagingTargetPath: aTarget, VolumeCapability: mount, PublishContext: b.PublishContext})
+			return err
+		}, codes.FailedPrecondition, []string{"volume " + a.ID}},
+		{"stage a missing volume at A's staging path", func() error {
+			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: missingVolume, StagingTargetPath: a.StagingPath, VolumeCapability: mount})
+			return err
+		}, codes.FailedPrecondition, []string{"volume " + a.ID}},
+		{"unpublish a missing volume at A's staging path", func() error {
+			_, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: missingVolume, TargetPath: a.StagingPath})
+			return err
+		}, codes.FailedPrecondition, []string{"staging path of volume " + a.ID}},
+		{"publish a missing volume from A's staging path", func() error {
+			_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: missingVolume, StagingTargetPath: a.StagingPath, TargetPath: fresh(), VolumeCapability: mount})
+			return err
+		}, codes.FailedPrecondition, []string{"not staged at", "volume " + a.ID}},
+		{"publish B onto A's target", func() error {
+			_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: b.ID, StagingTargetPath: b.StagingPath, TargetPath: aTarget, VolumeCapability: mount, PublishContext: b.PublishContext})
+			return err
+		}, codes.FailedPrecondition, []string{"volume " + a.ID}},
 		{"publish B from A's staging path", func() error {
 			_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: b.ID, StagingTargetPath: a.StagingPath, TargetPath: fresh(), VolumeCapability: mount, PublishContext: b.PublishContext})
 			return err

@@ -223,7 +223,8 @@ func (b *bench) underLoad() error {
 	fmt.Printf("  plain commands     p50 %8s  p99 %8s\n", ms(pct(plainLoaded, 50)), ms(pct(plainLoaded, 99)))
 	fmt.Printf("  growth of p50 against the idle node: driver %.2fx, plain commands %.2fx\n",
 		ratio(pct(loaded, 50), pct(b.driverRuns, 50)), ratio(pct(plainLoaded, 50), pct(b.plainRun, 50)))
-	fmt.Printf("  ratio driver/plain under load: median pair %.2f\n", fpct(pairRatios(loaded, plainLoaded), 50))
+	idleRatio, loadRatio := fpct(pairRatios(b.driverRuns, b.plainRun), 50), fpct(pairRatios(loaded, plainLoaded), 50)
+	fmt.Printf("  ratio driver/plain under load: median pair %.2f (%.2fx the idle node's %.2f)\n", loadRatio, loadRatio/idleRatio, idleRatio)
 	loadedRSS, _ := b.drv.RSSBytes()
 	fmt.Printf("  driver RSS with %d volumes staged: %.1f MiB\n", b.o.staged, mib(loadedRSS))
 	return nil
