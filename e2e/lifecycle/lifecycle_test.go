@@ -399,7 +399,7 @@ func TestVolumeStats(t *testing.T) {
 	_, err = stats(fsVol, dir)
 	wantCode(t, "stats of a plain directory", err, codes.NotFound, "not a mount of volume")
 	_, err = stats(fsVol, blockTarget)
-	wantCode(t, "stats of another volume's device", err, codes.NotFound, "not a mount of volume "+fsVol.ID, "of volume "+blockVol.ID)
+	wantCode(t, "stats of another volume's device", err, codes.NotFound, "not a mount of volume "+fsVol.ID+" (it holds a bind of device")
 
 	if err := c.Unpublish(ctx, fsVol, fsTarget); err != nil {
 		t.Fatal(err)
