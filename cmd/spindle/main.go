@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	// The backend types the driver can configure.
+	"github.com/spindle-csi/spindle/internal/attachd"
 	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/driver"
@@ -61,13 +62,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer func() { _ = log.Sync() }()
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if opts.Mode == config.ModeAttachDaemon {
+		if err := (&attachd.Server{Socket: opts.AttachDaemonSocket, Log: log}).Serve(ctx); err != nil {
+			log.Error("attach daemon stopped with an error", zap.Error(err))
+			return 1
+		}
+		return 0
+	}
 	d, err := driver.New(opts, version, log)
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	if err := d.Run(ctx); err != nil {
 		log.Error("driver stopped with an error", zap.Error(err))
 		return 1

@@ -56,6 +56,27 @@ type Runner struct {
 	exec    utilexec.Interface
 	env     []string
 	observe func(Observation)
+	// daemons runs the commands that leave a daemon behind; nil: this one.
+	daemons *Runner
+}
+
+// WithDaemons returns a runner like r whose Daemons is d: the commands
+// that start a process serving an attached volume (rbd-fuse, rbd-nbd map,
+// qemu-storage-daemon) run there, in the attach daemon (internal/attachd),
+// so that they outlive the node plugin.
+func (r *Runner) WithDaemons(d *Runner) *Runner {
+	c := *r
+	c.daemons = d
+	return &c
+}
+
+// Daemons is the runner for the commands that leave a daemon serving an
+// attached volume behind: r itself, unless WithDaemons said otherwise.
+func (r *Runner) Daemons() *Runner {
+	if r.daemons != nil {
+		return r.daemons
+	}
+	return r
 }
 
 // New returns a Runner on top of e (utilexec.New() in production, a

@@ -21,6 +21,10 @@ const (
 	ModeController Mode = "controller"
 	ModeNode       Mode = "node"
 	ModeAll        Mode = "all"
+	// ModeAttachDaemon serves no CSI service: it runs the userspace
+	// daemons of attached volumes for the node plugin (internal/attachd),
+	// in a pod that outlives the node plugin's restarts and upgrades.
+	ModeAttachDaemon Mode = "attach-daemon"
 )
 
 // Controller and Node report whether the mode includes that service.
@@ -65,13 +69,18 @@ type Options struct {
 	// Node requests may name paths (--allowed-path-root, repeatable):
 	// for test tools such as csi-sanity that use a temporary directory.
 	AllowedPathRoots []string
+	// AttachDaemonSocket is the attach daemon's socket: where it listens
+	// (--mode=attach-daemon), and where a node plugin has the userspace
+	// daemons of its volumes started, so that they outlive its restarts.
+	// Empty: a node plugin starts them itself.
+	AttachDaemonSocket string
 }
 
 // AddFlags registers the options on fs, with their defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	hostname, _ := os.Hostname()
 	fs.StringVar(&o.Endpoint, "endpoint", DefaultEndpoint, "CSI endpoint: unix:///path, unix:path or a bare path to the socket")
-	fs.Func("mode", "services to serve: controller, node or all (default all)", func(s string) error {
+	fs.Func("mode", "services to serve: controller, node or all (default all); attach-daemon runs the userspace daemons of a node's volumes for its node plugin", func(s string) error {
 		o.Mode = Mode(s)
 		return nil
 	})
@@ -90,6 +99,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		o.AllowedPathRoots = append(o.AllowedPathRoots, s)
 		return nil
 	})
+	fs.StringVar(&o.AttachDaemonSocket, "attach-daemon-socket", "", "the attach daemon's socket: where --mode=attach-daemon listens, and where a node plugin has the userspace daemons of its volumes (rbd-fuse, rbd-nbd, qemu-storage-daemon) started so that they outlive its restarts; empty: the node plugin starts them itself")
 	fs.StringVar(&o.KubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket's path as kubelet sees it, announced at registration (default: the --endpoint path)")
 }
 
@@ -123,8 +133,18 @@ func (o *Options) Validate() error {
 	}
 	switch o.Mode {
 	case ModeController, ModeNode, ModeAll:
+	case ModeAttachDaemon:
+		if o.AttachDaemonSocket == "" {
+			errs = append(errs, errors.New("--mode=attach-daemon needs --attach-daemon-socket"))
+		}
 	default:
-		errs = append(errs, fmt.Errorf("--mode=%q: must be controller, node or all", o.Mode))
+		errs = append(errs, fmt.Errorf("--mode=%q: must be controller, node, all or attach-daemon", o.Mode))
+	}
+	if o.AttachDaemonSocket != "" && !filepath.IsAbs(o.AttachDaemonSocket) {
+		errs = append(errs, fmt.Errorf("--attach-daemon-socket=%q: must be an absolute path", o.AttachDaemonSocket))
+	}
+	if o.AttachDaemonSocket != "" && o.Mode == ModeController {
+		errs = append(errs, errors.New("--attach-daemon-socket: a controller attaches nothing; only a node plugin uses the attach daemon"))
 	}
 	if o.Mode.Node() {
 		if err := ValidateNodeID(o.NodeID); err != nil {

@@ -40,7 +40,7 @@ func TestOptionsValidate(t *testing.T) {
 
 		{name: "tcp endpoint", change: func(o *Options) { o.Endpoint = "tcp://127.0.0.1:10000" }, want: []string{"--endpoint", "only unix sockets"}},
 		{name: "relative endpoint", change: func(o *Options) { o.Endpoint = "csi.sock" }, want: []string{"--endpoint", "absolute"}},
-		{name: "bad mode", change: func(o *Options) { o.Mode = "both" }, want: []string{`--mode="both"`, "controller, node or all"}},
+		{name: "bad mode", change: func(o *Options) { o.Mode = "both" }, want: []string{`--mode="both"`, "controller, node, all or attach-daemon"}},
 		{name: "empty node ID in node mode", change: func(o *Options) { o.Mode, o.NodeID = ModeNode, "" }, want: []string{"--node-id"}},
 		{name: "node ID with a slash", change: func(o *Options) { o.NodeID = "node/1" }, want: []string{"--node-id", "node/1"}},
 		{name: "node ID too long", change: func(o *Options) { o.NodeID = strings.Repeat("n", 129) }, want: []string{"--node-id"}},
@@ -67,6 +67,11 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "no path root at all", change: func(o *Options) { o.KubeletDir = "" }, want: []string{"--kubelet-dir is empty", "--allowed-path-root"}},
 		{name: "allowed roots without kubelet dir", change: func(o *Options) { o.KubeletDir, o.AllowedPathRoots = "", []string{"/tmp"} }},
 		{name: "controller needs no path root", change: func(o *Options) { o.Mode, o.KubeletDir = ModeController, "" }},
+		{name: "attach daemon", change: func(o *Options) { o.Mode, o.AttachDaemonSocket = ModeAttachDaemon, "/run/spindle/attachd.sock" }},
+		{name: "attach daemon without a socket", change: func(o *Options) { o.Mode = ModeAttachDaemon }, want: []string{"--mode=attach-daemon needs --attach-daemon-socket"}},
+		{name: "node plugin with an attach daemon", change: func(o *Options) { o.Mode, o.AttachDaemonSocket = ModeNode, "/run/spindle/attachd.sock" }},
+		{name: "relative attach daemon socket", change: func(o *Options) { o.AttachDaemonSocket = "attachd.sock" }, want: []string{`--attach-daemon-socket="attachd.sock"`, "absolute"}},
+		{name: "controller with an attach daemon", change: func(o *Options) { o.Mode, o.AttachDaemonSocket = ModeController, "/run/a.sock" }, want: []string{"only a node plugin uses the attach daemon"}},
 		{name: "bad log format", change: func(o *Options) { o.LogFormat = "text" }, want: []string{`--log-format="text"`}},
 		{name: "bad log level", change: func(o *Options) { o.LogLevel = "verbose" }, want: []string{`--log-level="verbose"`}},
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/spindle-csi/spindle/internal/attachd"
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
@@ -77,6 +78,15 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 			d.metrics.ObserveCommand(o.Name, o.ExitCode, o.Duration)
 		}
 	})
+	if opts.Mode.Node() && opts.AttachDaemonSocket != "" {
+		// The userspace daemons of attached volumes start in the attach
+		// daemon, so they outlive this process (internal/attachd).
+		run = run.WithDaemons(command.New(attachd.NewClient(opts.AttachDaemonSocket), func(o command.Observation) {
+			if d != nil {
+				d.metrics.ObserveCommand(o.Name, o.ExitCode, o.Duration)
+			}
+		}))
+	}
 	instances := map[string]*backend.Instance{}
 	for _, b := range file.Backends {
 		inst, err := b.Section.New(b.Name, run)
