@@ -12,6 +12,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend/conformance"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
@@ -68,27 +69,27 @@ func (f *fakeTool) get(iqn string) (Export, bool) {
 	return e, ok
 }
 
-// fakeProber answers for image files as blkid would have parsed them:
-// blank unless the test says what a file holds.
+// fakeProber answers for image files as node.LinuxHost.Probe does with
+// blkid's answers: blank unless the test says what a file holds.
 type fakeProber struct {
 	mu     sync.Mutex
-	holds  map[string]signature
+	holds  map[string]node.Signature
 	err    error
 	probed []string
 }
 
-func (f *fakeProber) Probe(_ context.Context, path string) (signature, error) {
+func (f *fakeProber) Probe(_ context.Context, path string) (node.Signature, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.probed = append(f.probed, filepath.Base(path))
 	return f.holds[path], f.err
 }
 
-func (f *fakeProber) set(path string, sig signature) {
+func (f *fakeProber) set(path string, sig node.Signature) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.holds == nil {
-		f.holds = map[string]signature{}
+		f.holds = map[string]node.Signature{}
 	}
 	f.holds[path] = sig
 }

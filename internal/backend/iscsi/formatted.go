@@ -1,15 +1,11 @@
 package iscsi
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"fmt"
-	"strings"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // Where the "formatted" fact of an iSCSI volume lives.
@@ -66,10 +62,14 @@ func (s *Store) learnFormatted(ctx context.Context, imageID string) error {
 		return err
 	}
 	sig, err := s.probe.Probe(ctx, fs.ImagePath(imageID))
+	if err != nil && errdefs.KindOf(err) == nil {
+		// blkid could not read the file: try again later.
+		err = errdefs.Wrap(errdefs.ErrUnavailable, err, "volume %s", imageID)
+	}
 	if err != nil {
 		return err
 	}
-	if sig.blank() {
+	if sig.Blank() {
 		return nil
 	}
 	_, err = fs.Update(ctx, imageID, func(img *backend.Image) error {
@@ -85,63 +85,10 @@ func (s *Store) learnFormatted(ctx context.Context, imageID string) error {
 	return err
 }
 
-// signature is what blkid found in an image file.
-type signature struct {
-	Type   string // ext4, xfs, LVM2_member, ...
-	Usage  string // filesystem, raid, crypto, other
-	PTType string // a partition table: dos, gpt
-	// Ambivalent: more than one signature (blkid exit status 8).
-	Ambivalent bool
-}
-
-func (s signature) blank() bool { return s == signature{} }
-
-// signatureProber tells what an image file holds.
+// signatureProber tells what an image file holds: "blkid -p", as a node
+// asks of a device before it formats one (node.LinuxHost.Probe). Blank
+// only for exit status 2 with nothing on stderr; any other failure, more
+// than one signature included, is an error.
 type signatureProber interface {
-	Probe(ctx context.Context, path string) (signature, error)
-}
-
-// blkid exit statuses (blkid(8)).
-const (
-	blkidNothingFound = 2
-	blkidAmbivalent   = 8
-)
-
-// blkidProber asks "blkid -p" (low-level probing, no cache), as a node asks
-// of a device before it formats one. Exit status 2 with nothing on stderr
-// is the only answer that means blank; any other failure is an error.
-type blkidProber struct{ run *command.Runner }
-
-func (b blkidProber) Probe(ctx context.Context, path string) (signature, error) {
-	out, err := b.run.Run(ctx, "blkid", "-p", "-o", "export", path)
-	switch code := command.ExitCode(err); {
-	case err == nil:
-	case code == blkidNothingFound && command.Stderr(err) == "":
-		return signature{}, nil
-	case code == blkidAmbivalent:
-		return signature{Ambivalent: true}, nil
-	default:
-		return signature{}, errdefs.Wrap(errdefs.ErrUnavailable, err, "cannot tell what the image file %s holds", path)
-	}
-	var sig signature
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		key, value, ok := strings.Cut(sc.Text(), "=")
-		if !ok {
-			continue
-		}
-		switch key {
-		case "TYPE":
-			sig.Type = value
-		case "USAGE":
-			sig.Usage = value
-		case "PTTYPE":
-			sig.PTType = value
-		}
-	}
-	if sig.blank() {
-		// blkid said it found something but named nothing: do not call that blank.
-		return signature{}, fmt.Errorf("blkid reports a signature in %s it cannot name: %q", path, strings.TrimSpace(string(out)))
-	}
-	return sig, nil
+	Probe(ctx context.Context, path string) (node.Signature, error)
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
@@ -53,13 +53,13 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 	unpublish(img.ID, "node-a")
 
 	// node-a's mkfs made xfs after all (its capability said so).
-	probe.set(fs.ImagePath(img.ID), signature{Type: "xfs", Usage: "filesystem"})
+	probe.set(fs.ImagePath(img.ID), node.Signature{Type: "xfs", Usage: "filesystem"})
 	wantContext("the volume after a node formatted it", publish(img.ID, "node-b"), "true", "xfs", "mount")
 	if got, _ := inst.Store.Get(ctx, img.ID); !got.Formatted || got.FsType != "xfs" {
 		t.Fatalf("the record after the publish: Formatted %t FsType %q, want formatted xfs", got.Formatted, got.FsType)
 	}
 	// Recorded: no more probing, whatever the file holds now.
-	probe.set(fs.ImagePath(img.ID), signature{})
+	probe.set(fs.ImagePath(img.ID), node.Signature{})
 	probe.probed = nil
 	wantContext("a repeated publish", publish(img.ID, "node-b"), "true", "xfs", "mount")
 	if len(probe.probed) != 0 {
@@ -74,7 +74,7 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe.set(fs.ImagePath(copied.ID), signature{})
+	probe.set(fs.ImagePath(copied.ID), node.Signature{})
 	wantContext("a clone", publish(copied.ID, "node-a"), "true", "xfs", "mount")
 
 	// Anything but a filesystem counts as formatted, keeping the fs type.
@@ -84,7 +84,7 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe.set(fs.ImagePath(parted.ID), signature{PTType: "gpt"})
+	probe.set(fs.ImagePath(parted.ID), node.Signature{PTType: "gpt"})
 	wantContext("a volume holding a partition table", publish(parted.ID, "node-a"), "true", "ext4", "mount")
 
 	block, err := inst.Store.Create(ctx, backend.VolumeSpec{Name: "pvc-block", CapacityBytes: 1 << 20, AccessType: backend.AccessBlock})
@@ -92,7 +92,7 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe.probed = nil
-	probe.set(fs.ImagePath(block.ID), signature{Type: "ext4", Usage: "filesystem"})
+	probe.set(fs.ImagePath(block.ID), node.Signature{Type: "ext4", Usage: "filesystem"})
 	wantContext("a block volume", publish(block.ID, "node-a"), "false", "", "block")
 	if len(probe.probed) != 0 {
 		t.Errorf("a block volume's image was probed: %v", probe.probed)
@@ -108,9 +108,10 @@ func TestPublishRefusedWhenTheImageCannotBeProbed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe.err = errdefs.Wrap(errdefs.ErrUnavailable, errors.New("exit status 4"), "cannot tell what the image file holds")
+	// What node.LinuxHost.Probe answers for a file blkid could not open.
+	probe.err = errors.New("cannot tell what /pool/x.img holds: exit status 2: blkid: error: /pool/x.img: Permission denied")
 	_, err = inst.Exporter.Publish(ctx, img.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter})
-	testutil.WantKind(t, err, errdefs.ErrUnavailable, "cannot tell")
+	testutil.WantKind(t, err, errdefs.ErrUnavailable, img.ID, "Permission denied")
 	if got, _ := inst.Store.Get(ctx, img.ID); len(got.Attachments) != 0 || got.Formatted {
 		t.Fatalf("a refused publish left %+v", got)
 	}
@@ -197,45 +198,6 @@ func TestNodeRegistry(t *testing.T) {
 	testutil.WantKind(t, err, errdefs.ErrNotFound, "node-x", "node-a")
 }
 
-// blkid's answers, as it prints them (captured on this machine: a sparse
-// file and the same file after mkfs.ext4; exit 2 with nothing on stderr
-// for both a blank file and a missing one).
-func TestBlkidProber(t *testing.T) {
-	const img = "/pool/pvc-x.img"
-	blkid := func() *commandtest.Step { return commandtest.Expect("blkid", "-p", "-o", "export", img) }
-	tests := []struct {
-		name string
-		step *commandtest.Step
-		want signature
-		kind error
-	}{
-		{"ext4", blkid().Prints("DEVNAME=/pool/pvc-x.img\nUUID=64965e54-f393-411d-ad65-ccc778ca6f26\nVERSION=1.0\nBLOCK_SIZE=1024\nTYPE=ext4\nUSAGE=filesystem\n"),
-			signature{Type: "ext4", Usage: "filesystem"}, nil},
-		{"partition table", blkid().Prints("DEVNAME=/pool/pvc-x.img\nPTUUID=1b2e3f4a\nPTTYPE=dos\n"), signature{PTType: "dos"}, nil},
-		{"blank", blkid().Exits(2, ""), signature{}, nil},
-		{"ambivalent", blkid().Exits(8, "blkid: /pool/pvc-x.img: ambivalent result (probably more filesystems on the device, use wipefs(8) to see more details)"), signature{Ambivalent: true}, nil},
-		{"cannot read", blkid().Exits(2, "blkid: error: /pool/pvc-x.img: Permission denied"), signature{}, errdefs.ErrUnavailable},
-		{"names nothing", blkid().Prints("DEVNAME=/pool/pvc-x.img\n"), signature{}, errors.New("any")},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p := blkidProber{run: command.New(commandtest.New(t, tt.step), nil)}
-			sig, err := p.Probe(t.Context(), img)
-			switch {
-			case tt.kind == nil && err != nil:
-				t.Fatal(err)
-			case tt.kind != nil && err == nil:
-				t.Fatalf("Probe = %+v, want an error", sig)
-			case errors.Is(tt.kind, errdefs.ErrUnavailable):
-				testutil.WantKind(t, err, errdefs.ErrUnavailable, img, "Permission denied")
-			}
-			if sig != tt.want {
-				t.Fatalf("Probe = %+v, want %+v", sig, tt.want)
-			}
-		})
-	}
-}
-
 // A node plugin's instance, configured with a pool directory that does not
 // exist, attaches, refreshes and detaches a volume from its publish_context
 // alone (the kernel initiator, scripted), and never creates the directory.
@@ -249,17 +211,17 @@ func TestNodeInstanceNeedsNoPool(t *testing.T) {
 	init := cfg.InitiatorPrefix + ":node-a"
 	portal := kPortal
 	cfg.Portals = []string{portal}
-	node := func(args ...string) *commandtest.Step {
+	adm := func(args ...string) *commandtest.Step {
 		return iscsiadm(append([]string{"-m", "node", "-T", iqn, "-p", portal, "-I", "spindle"}, args...)...)
 	}
 	k := n.kernel(t,
 		iscsiadm("-m", "iface", "-I", "spindle", "-o", "show").Prints("iface.initiatorname = "+init+"\n"),
 		iscsiadm("-m", "discovery", "-t", "sendtargets", "-p", portal, "-I", "spindle").Prints(portal+",1 "+iqn+"\n"),
-		node("-o", "update", "-n", "node.session.auth.authmethod", "-v", "None"),
-		node("--login").Does(func() { n.disk(t, "sdd", iqn, 1, serial) }),
-		node("--rescan").Prints("Rescanning session [sid: 1, target: "+iqn+", portal: 127.0.0.1,3260]\n"),
-		node("--logout").Prints("Logout of [sid: 1, target: "+iqn+", portal: 127.0.0.1,3260] successful.\n"),
-		node("-o", "delete"),
+		adm("-o", "update", "-n", "node.session.auth.authmethod", "-v", "None"),
+		adm("--login").Does(func() { n.disk(t, "sdd", iqn, 1, serial) }),
+		adm("--rescan").Prints("Rescanning session [sid: 1, target: "+iqn+", portal: 127.0.0.1,3260]\n"),
+		adm("--logout").Prints("Logout of [sid: 1, target: "+iqn+", portal: 127.0.0.1,3260] successful.\n"),
+		adm("-o", "delete"),
 	)
 	inst, err := newInstance("test", cfg, newFakeTool(), k, &fakeProber{})
 	if err != nil {

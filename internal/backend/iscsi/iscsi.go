@@ -73,6 +73,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // Type is the backend name in volume IDs and in the config.
@@ -341,7 +342,7 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 	default:
 		conn = newKernel(run, cfg.StateDir)
 	}
-	return newInstance(name, cfg, tool, conn, blkidProber{run: run})
+	return newInstance(name, cfg, tool, conn, node.NewLinuxHost(run))
 }
 
 func newInstance(name string, cfg Config, tool targetTool, conn connector, probe signatureProber) (*backend.Instance, error) {
