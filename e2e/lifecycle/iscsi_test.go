@@ -179,21 +179,27 @@ func TestISCSINodeWithoutPool(t *testing.T) {
 		t.Fatalf("the filesystem has %d bytes after the expansion, %d before", after, before)
 	}
 
+	// readBack attaches a volume the node must not format (the controller
+	// says so), reads the payload and detaches it again.
+	readBack := func(what string, v *lifecycle.Volume) {
+		t.Helper()
+		must(c.ControllerPublish(ctx, v))
+		if got := v.PublishContext[iscsi.ContextFormatted]; got != "true" {
+			t.Fatalf("publish_context %v of %s: %s=%q, want true", v.PublishContext, what, iscsi.ContextFormatted, got)
+		}
+		must(n.Stage(ctx, v))
+		must(n.Publish(ctx, v, podPath, false))
+		must(lifecycle.Check(v, podPath, p))
+		must(n.Unpublish(ctx, v, podPath))
+		must(n.Unstage(ctx, v))
+		must(c.ControllerUnpublish(ctx, v))
+	}
 	// Unstaged and published again: the controller has seen the
 	// filesystem, and the node finds the data, unformatted.
 	must(n.Unpublish(ctx, v, podPath))
 	must(n.Unstage(ctx, v))
 	must(c.ControllerUnpublish(ctx, v))
-	must(c.ControllerPublish(ctx, v))
-	if got := v.PublishContext[iscsi.ContextFormatted]; got != "true" {
-		t.Fatalf("publish_context %v after the node formatted it: %s=%q, want true", v.PublishContext, iscsi.ContextFormatted, got)
-	}
-	must(n.Stage(ctx, v))
-	must(n.Publish(ctx, v, podPath, false))
-	must(lifecycle.Check(v, podPath, p))
-	must(n.Unpublish(ctx, v, podPath))
-	must(n.Unstage(ctx, v))
-	must(c.ControllerUnpublish(ctx, v))
+	readBack("the volume the node formatted", v)
 
 	// A restore of its snapshot (taken unpublished: /tmp's filesystem
 	// cannot reflink) is a copy: never formatted, and it holds the data.
@@ -204,14 +210,5 @@ func TestISCSINodeWithoutPool(t *testing.T) {
 	must(err)
 	t.Cleanup(func() { _ = c.Delete(context.WithoutCancel(ctx), r) })
 	teardown(r)
-	must(c.ControllerPublish(ctx, r))
-	if got := r.PublishContext[iscsi.ContextFormatted]; got != "true" {
-		t.Fatalf("publish_context %v of a restore: %s=%q, want true", r.PublishContext, iscsi.ContextFormatted, got)
-	}
-	must(n.Stage(ctx, r))
-	must(n.Publish(ctx, r, podPath, false))
-	must(lifecycle.Check(r, podPath, p))
-	must(n.Unpublish(ctx, r, podPath))
-	must(n.Unstage(ctx, r))
-	must(c.ControllerUnpublish(ctx, r))
+	readBack("a restore", r)
 }

@@ -118,12 +118,21 @@ func TestISCSINodeNeedsOnlyThePortal(t *testing.T) {
 	})
 
 	c.DeletePod(t, ns, "grower")
-	c.WaitFor(t, "the volume detached from "+c.a, func(ctx context.Context) (bool, error) {
+	c.iscsiDetached(t, pv, c.a)
+}
+
+// iscsiDetached waits until the iSCSI volume of pv, whose pod on node is
+// gone, has no VolumeAttachment left, and checks that node's plugin has
+// nothing of it and the target's ACL nobody.
+func (c *cluster) iscsiDetached(t *testing.T, pv *corev1.PersistentVolume, node string) {
+	t.Helper()
+	volumeID := pv.Spec.CSI.VolumeHandle
+	c.WaitFor(t, "the volume detached from "+node, func(ctx context.Context) (bool, error) {
 		vas, err := c.AttachmentsOf(ctx, pv.Name)
 		return err == nil && len(vas) == 0, err
 	})
-	if staged, devices := c.stagedOn(t, c.a, volumeID); len(staged) != 0 || len(devices) != 0 {
-		t.Errorf("after the detach %s's node plugin still has staged %+v, devices %+v", c.a, staged, devices)
+	if staged, devices := c.stagedOn(t, node, volumeID); len(staged) != 0 || len(devices) != 0 {
+		t.Errorf("after the detach %s's node plugin still has staged %+v, devices %+v", node, staged, devices)
 	}
 	if got := c.publishedTo(t, volumeID); len(got) != 0 {
 		t.Errorf("after the detach the target's ACL for %s still has %v", volumeID, got)

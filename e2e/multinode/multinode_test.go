@@ -181,16 +181,7 @@ func TestISCSIVolumeMovesBetweenNodes(t *testing.T) {
 	}
 
 	c.DeletePod(t, ns, "writer")
-	c.WaitFor(t, "the volume detached from "+c.a, func(ctx context.Context) (bool, error) {
-		vas, err := c.AttachmentsOf(ctx, pv.Name)
-		return err == nil && len(vas) == 0, err
-	})
-	if staged, devices := c.stagedOn(t, c.a, volumeID); len(staged) != 0 || len(devices) != 0 {
-		t.Errorf("after the move %s's node plugin still has staged %+v, devices %+v", c.a, staged, devices)
-	}
-	if got := c.publishedTo(t, volumeID); len(got) != 0 {
-		t.Errorf("after the detach the target's ACL for %s still has %v", volumeID, got)
-	}
+	c.iscsiDetached(t, pv, c.a)
 	// The pool cannot reflink (this machine's /var/tmp): its snapshots copy
 	// an image while no node has it attached.
 	snapshot(t, c, ns, "data-snap", "data")
