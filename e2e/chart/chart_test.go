@@ -34,6 +34,8 @@ type want struct {
 	nodeLocal    bool
 	capacity     bool
 	poolDirs     []string
+	// iscsiPools are iSCSI pools: the controller's, never a node plugin's.
+	iscsiPools []string
 	// secretNames are the Secrets the controller may read (resourceNames).
 	secretNames []string
 }
@@ -72,6 +74,7 @@ func renderings() []struct {
 		})},
 		{name: "iscsi", files: ex("iscsi.yaml"), want: with(func(w *want) {
 			w.poolDirs, w.hostNetwork, w.secretNames = nil, true, []string{"spindle-iscsi-chap"}
+			w.iscsiPools = []string{"/var/lib/spindle/iscsi/tgt-a"}
 		})},
 		{name: "custom kubelet dir, driver registration, no probes", sets: []string{
 			"kubeletDir=/data/kubelet/", "node.registration=driver", "sidecars.livenessProbe.enabled=false",
@@ -294,6 +297,12 @@ func checkNode(t *testing.T, r *rendering, w want) {
 			t.Errorf("loop pool %s is not mounted from the host in the node pod (%q)", p, host)
 		}
 	}
+	// An iSCSI node reaches its volumes through the target's portal.
+	for _, p := range w.iscsiPools {
+		if host, ok := hostPathOf(spec, d, p); ok {
+			t.Errorf("iSCSI pool %s is mounted in the node pod (from the host's %q); a node plugin needs no share of it", p, host)
+		}
+	}
 
 	// Sockets: the driver listens where kubelet is told to find it.
 	sockDir := path.Join(w.kubeletDir, "plugins", "spindle.csi.dev")
@@ -418,9 +427,9 @@ func checkController(t *testing.T, r *rendering, w want) {
 	if d.SecurityContext != nil && d.SecurityContext.Privileged != nil && *d.SecurityContext.Privileged {
 		t.Error("the controller's driver container is privileged; it needs no devices")
 	}
-	for _, p := range w.poolDirs {
+	for _, p := range append(slices.Clone(w.poolDirs), w.iscsiPools...) {
 		if host, ok := hostPathOf(spec, d, p); !ok || host != p {
-			t.Errorf("loop pool %s is not mounted from the host in the controller pod (%q)", p, host)
+			t.Errorf("pool %s is not mounted from the host in the controller pod (%q)", p, host)
 		}
 	}
 	wantSidecars := []string{"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"}

@@ -77,14 +77,19 @@ type Options struct {
 	// NodeID defaults to NodeID; two drivers with different node IDs
 	// play two nodes on one host.
 	NodeID string
+	// Mode defaults to config.ModeAll. A driver in config.ModeController
+	// and one in config.ModeNode play a controller and a node plugin that
+	// share no files, only the backend's network.
+	Mode config.Mode
 	// AllowedPathRoots are the driver's --allowed-path-root directories,
 	// besides its --kubelet-dir; nil allows the system's temporary
 	// directory, where tests make their staging and target paths.
 	AllowedPathRoots []string
 }
 
-// Start runs a driver in this process (mode all) on a temporary socket and
-// pool, and stops it, checking for leaks, when the test ends.
+// Start runs a driver in this process (mode all, unless Options.Mode) on a
+// temporary socket and pool, and stops it, checking for leaks, when the
+// test ends.
 func Start(t testing.TB, o Options) *Driver {
 	t.Helper()
 	testutil.RequireRoot(t, "bind real loop devices and mount real filesystems")
@@ -101,9 +106,12 @@ func Start(t testing.TB, o Options) *Driver {
 	if o.NodeID == "" {
 		o.NodeID = NodeID
 	}
+	if o.Mode == "" {
+		o.Mode = config.ModeAll
+	}
 	opts := config.Options{
 		Endpoint:          "unix://" + socket,
-		Mode:              config.ModeAll,
+		Mode:              o.Mode,
 		NodeID:            o.NodeID,
 		DriverName:        config.DefaultDriverName,
 		LoopPoolDir:       o.PoolDir,

@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/spindle-csi/spindle/e2e/harness"
 	"github.com/spindle-csi/spindle/e2e/lifecycle"
 	"github.com/spindle-csi/spindle/internal/backend/iscsi"
 	"github.com/spindle-csi/spindle/internal/backend/iscsi/iscsitest"
+	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
@@ -99,4 +101,114 @@ func TestFullLifecycleISCSI(t *testing.T) {
 		_ = os.MkdirAll(dir, 0o755)
 		_ = os.WriteFile(filepath.Join(dir, "lifecycle-iscsi-"+strings.ReplaceAll(mode.String(), "/", "-")+".txt"), []byte(strings.Join(report, "\n")+"\n"), 0o644)
 	}
+}
+
+// TestISCSINodeWithoutPool: a controller (--mode=controller) on the pool
+// and a node plugin (--mode=node) whose configured pool directory does not
+// exist, as on a worker that shares no storage with the target host: the
+// node stages, publishes, writes, expands online (xfs), unstages and stages
+// again from the publish_context and the CHAP secret alone; a restore of a
+// snapshot of the volume is staged without being formatted and holds the
+// data. The node's pool directory never appears.
+func TestISCSINodeWithoutPool(t *testing.T) {
+	testutil.RequireCommands(t, "mkfs.xfs", "xfs_growfs")
+	target := iscsitest.StartTarget(t)
+	pool := filepath.Join(harness.TempDir(t), "pool")
+	cfg := target.Config(t, pool)
+	iscsitest.CheckNoLeaks(t, cfg.StateDir)
+	nodeCfg := cfg
+	nodeCfg.PoolDir = filepath.Join(harness.TempDir(t), "no-pool-on-this-node")
+	ctrl := harness.Start(t, harness.Options{Mode: config.ModeController, PoolDir: pool, Config: iscsitest.YAML("split", cfg)})
+	node := harness.Start(t, harness.Options{Mode: config.ModeNode, PoolDir: nodeCfg.PoolDir, Config: iscsitest.YAML("split", nodeCfg)})
+	dir := harness.TempDir(t)
+	harness.CheckNoLeaks(t, pool, dir)
+	t.Cleanup(func() {
+		if _, err := os.Lstat(nodeCfg.PoolDir); !os.IsNotExist(err) {
+			t.Errorf("the node plugin's pool directory %s exists (%v)", nodeCfg.PoolDir, err)
+		}
+	})
+	secrets := map[string]string{iscsi.SecretUser: "spindle-split", iscsi.SecretPassword: "split-chap-secret-1"}
+	c := &lifecycle.Client{Driver: ctrl, NodeID: harness.NodeID, Secrets: secrets}
+	n := &lifecycle.Client{Driver: node, NodeID: harness.NodeID, Secrets: secrets}
+	ctx := context.Background()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The smallest xfs mkfs.xfs makes is 300 MiB.
+	const size, grown = 320 << 20, 384 << 20
+	v, err := c.Create(ctx, "pvc-split", size, lifecycle.MountCapability("xfs"), nil, filepath.Join(dir, "staging"))
+	must(err)
+	t.Cleanup(func() { _ = c.Delete(context.WithoutCancel(ctx), v) })
+	podPath := filepath.Join(dir, "pod")
+	teardown := func(v *lifecycle.Volume) {
+		t.Cleanup(func() {
+			ctx := context.WithoutCancel(ctx)
+			_ = n.Unpublish(ctx, v, podPath)
+			_ = n.Unstage(ctx, v)
+			_ = c.ControllerUnpublish(ctx, v)
+		})
+	}
+	teardown(v)
+	must(c.ControllerPublish(ctx, v))
+	if got := v.PublishContext[iscsi.ContextFormatted]; got != "false" {
+		t.Fatalf("publish_context %v: %s=%q for a new volume, want false", v.PublishContext, iscsi.ContextFormatted, got)
+	}
+	must(n.Stage(ctx, v))
+	must(n.Publish(ctx, v, podPath, false))
+	p := lifecycle.NewPayload(4 << 20)
+	must(lifecycle.Write(v, podPath, p))
+
+	fsBytes := func() int64 {
+		t.Helper()
+		var st unix.Statfs_t
+		must(unix.Statfs(podPath, &st))
+		return int64(st.Blocks) * st.Bsize
+	}
+	before := fsBytes()
+	must(c.ControllerExpand(ctx, v, grown))
+	got, err := n.NodeExpand(ctx, v, podPath)
+	must(err)
+	if got != grown {
+		t.Fatalf("NodeExpandVolume = %d bytes, want %d", got, grown)
+	}
+	// xfs's statfs leaves out its internal log: compare with before.
+	if after := fsBytes(); after <= before {
+		t.Fatalf("the filesystem has %d bytes after the expansion, %d before", after, before)
+	}
+
+	// readBack attaches a volume the node must not format (the controller
+	// says so), reads the payload and detaches it again.
+	readBack := func(what string, v *lifecycle.Volume) {
+		t.Helper()
+		must(c.ControllerPublish(ctx, v))
+		if got := v.PublishContext[iscsi.ContextFormatted]; got != "true" {
+			t.Fatalf("publish_context %v of %s: %s=%q, want true", v.PublishContext, what, iscsi.ContextFormatted, got)
+		}
+		must(n.Stage(ctx, v))
+		must(n.Publish(ctx, v, podPath, false))
+		must(lifecycle.Check(v, podPath, p))
+		must(n.Unpublish(ctx, v, podPath))
+		must(n.Unstage(ctx, v))
+		must(c.ControllerUnpublish(ctx, v))
+	}
+	// Unstaged and published again: the controller has seen the
+	// filesystem, and the node finds the data, unformatted.
+	must(n.Unpublish(ctx, v, podPath))
+	must(n.Unstage(ctx, v))
+	must(c.ControllerUnpublish(ctx, v))
+	readBack("the volume the node formatted", v)
+
+	// A restore of its snapshot (taken unpublished: /tmp's filesystem
+	// cannot reflink) is a copy: never formatted, and it holds the data.
+	snap, err := c.Snapshot(ctx, "snap-split", v)
+	must(err)
+	t.Cleanup(func() { _ = c.DeleteSnapshot(context.WithoutCancel(ctx), snap) })
+	r, err := c.CreateFrom(ctx, "pvc-split-restored", 0, lifecycle.MountCapability("xfs"), nil, filepath.Join(dir, "staging-restored"), lifecycle.FromSnapshot(snap))
+	must(err)
+	t.Cleanup(func() { _ = c.Delete(context.WithoutCancel(ctx), r) })
+	teardown(r)
+	readBack("a restore", r)
 }

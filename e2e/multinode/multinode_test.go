@@ -9,7 +9,8 @@
 // The tests see the nodes only through the API server (VolumeAttachments,
 // pod logs, the node plugins' /volumes and the controller's /images through
 // the pod proxy), so they run unchanged on any cluster with two workers and
-// the StorageClasses spindle-rbd and spindle-iscsi:
+// the StorageClasses spindle-rbd and spindle-iscsi and the
+// VolumeSnapshotClass spindle-iscsi:
 //
 //	SPINDLE_E2E_CLUSTER_DIR  a directory with admin.kubeconfig
 //	SPINDLE_E2E_WORKERS      the two worker nodes' names, space-separated
@@ -154,13 +155,17 @@ func TestRWOVolumeNeverOnTwoNodes(t *testing.T) {
 	}
 }
 
-// TestISCSIVolumeMovesBetweenNodes: kernel iSCSI. A pod on worker a
-// writes; it is deleted and a pod on worker b reads the same data back.
-// Worker a's initiator leaves the target's ACL when the volume leaves it.
+// TestISCSIVolumeMovesBetweenNodes: kernel iSCSI, with CHAP. A pod on
+// worker a writes; it is deleted and a pod on worker b reads the same data
+// back. Worker a's initiator leaves the target's ACL when the volume leaves
+// it. The workers share no storage with the target host: worker a formatted
+// the volume, and the controller, which learned it from the image, tells
+// worker b not to. A restore of the volume's snapshot, staged on worker b,
+// is not formatted either and holds the data.
 func TestISCSIVolumeMovesBetweenNodes(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
-	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: "spindle-iscsi", Size: "256Mi"})
+	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: iscsiClass, Size: "256Mi"})
 	volumeID := pv.Spec.CSI.VolumeHandle
 	c.Pod(t, ns, "writer", "data", kube.PodOptions{Node: c.a, Args: []string{"write", "/data/file", dataSize}})
 	c.WaitPod(t, ns, "writer", corev1.PodRunning)
@@ -171,25 +176,46 @@ func TestISCSIVolumeMovesBetweenNodes(t *testing.T) {
 	if got := c.publishedTo(t, volumeID); !slices.Equal(got, []string{c.a}) {
 		t.Errorf("the target's ACL for %s: %v, want only %s", volumeID, got, c.a)
 	}
+	if n := len(formatLines(t, c, c.a, volumeID)); n != 1 {
+		t.Errorf("%s's node plugin logged %d \"formatted volume\" lines for the new volume %s, want 1", c.a, n, volumeID)
+	}
 
 	c.DeletePod(t, ns, "writer")
-	c.WaitFor(t, "the volume detached from "+c.a, func(ctx context.Context) (bool, error) {
-		vas, err := c.AttachmentsOf(ctx, pv.Name)
-		return err == nil && len(vas) == 0, err
-	})
-	if staged, devices := c.stagedOn(t, c.a, volumeID); len(staged) != 0 || len(devices) != 0 {
-		t.Errorf("after the move %s's node plugin still has staged %+v, devices %+v", c.a, staged, devices)
-	}
-	if got := c.publishedTo(t, volumeID); len(got) != 0 {
-		t.Errorf("after the detach the target's ACL for %s still has %v", volumeID, got)
-	}
+	c.iscsiDetached(t, pv, c.a)
+	// The pool cannot reflink (this machine's /var/tmp): its snapshots copy
+	// an image while no node has it attached.
+	snapshot(t, c, ns, "data-snap", "data")
 
 	c.Pod(t, ns, "reader", "data", kube.PodOptions{Node: c.b, Args: []string{"verify", "/data/file"}})
+	va := c.Attachment(t, pv.Name, c.b, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	if got := va.Status.AttachmentMetadata["formatted"]; got != "true" {
+		t.Errorf("VolumeAttachment %s on %s: formatted=%q, want true (the controller saw the filesystem %s made)", va.Name, c.b, got, c.a)
+	}
 	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
 	if got := kube.TerminationMessage(reader); got != "verified "+wrote {
 		t.Fatalf("the reader on %s says %q, want verified %s", c.b, got, wrote)
 	}
 	if got := c.publishedTo(t, volumeID); !slices.Equal(got, []string{c.b}) && len(got) != 0 {
 		t.Errorf("the target's ACL for %s: %v, want only %s (or nobody, once the reader's volume detached)", volumeID, got, c.b)
+	}
+	if lines := formatLines(t, c, c.b, volumeID); len(lines) != 0 {
+		t.Errorf("%s's node plugin formatted the moved volume: %v", c.b, lines)
+	}
+
+	group := "snapshot.storage.k8s.io"
+	_, restored := c.Claim(t, ns, "restored", kube.ClaimOptions{StorageClass: iscsiClass, Size: "256Mi",
+		DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "data-snap"}})
+	restoredID := restored.Spec.CSI.VolumeHandle
+	c.Pod(t, ns, "restored-reader", "restored", kube.PodOptions{Node: c.b, Args: []string{"verify", "/data/file"}})
+	rva := c.Attachment(t, restored.Name, c.b, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	if got := rva.Status.AttachmentMetadata["formatted"]; got != "true" {
+		t.Errorf("VolumeAttachment %s of the restore on %s: formatted=%q, want true (a copy is never formatted)", rva.Name, c.b, got)
+	}
+	rreader := c.WaitPod(t, ns, "restored-reader", corev1.PodSucceeded)
+	if got := kube.TerminationMessage(rreader); got != "verified "+wrote {
+		t.Fatalf("the reader of the restore on %s says %q, want verified %s", c.b, got, wrote)
+	}
+	if lines := formatLines(t, c, c.b, restoredID); len(lines) != 0 {
+		t.Errorf("%s's node plugin formatted the restored volume %s: %v", c.b, restoredID, lines)
 	}
 }

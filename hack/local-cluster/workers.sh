@@ -42,9 +42,6 @@ WORKERS=${WORKERS:-2}
 WORKER_MEM=${WORKER_MEM:-1536}
 WORKER_SMP=${WORKER_SMP:-2}
 WORKER_DISK=${WORKER_DISK:-8G}
-# WORKER_SHARED_DIRS: directories of this machine every worker mounts at the
-# same path (9p), as shared storage would be, e.g. an iSCSI pool.
-WORKER_SHARED_DIRS=${WORKER_SHARED_DIRS:-}
 JOIN_TIMEOUT=${JOIN_TIMEOUT:-600}
 W=$CLUSTER_DIR/workers
 P=$CLUSTER_DIR/pki
@@ -89,13 +86,6 @@ network_up() {
   fi
 }
 
-# shared_specs: WORKER_SHARED_DIRS as run.sh's VM_EXTRA_SHARES (TAG=DIR).
-shared_specs() {
-  local k=0 dir specs=()
-  for dir in $WORKER_SHARED_DIRS; do specs+=("shared$k=$dir"); k=$((k + 1)); done
-  echo "${specs[*]}"
-}
-
 # prepare I: the worker's certificates, share and disk (kept if present).
 prepare() {
   local i=$1 name ip d s
@@ -136,7 +126,6 @@ NODE_IP=$ip
 GATEWAY=$VM_HOST_IP
 POD_SUBNET=$(worker_subnet "$i")
 APISERVER=https://$VM_UPLINK_HOST_IP:6443
-SHARED_DIRS="$(shared_specs)"
 ENV
   [ -e "$d/disk.img" ] || truncate -s "$WORKER_DISK" "$d/disk.img"
   # Routes: this machine -> the worker's pods via the namespace, the
@@ -152,7 +141,7 @@ boot() {
   [ -z "$(runner_pid "$name")" ] || { echo "workers: $name is already running"; return 0; }
   rm -f "$d/share/stop"
   date +%s.%N >"$d/boot.started"
-  VM_ID=$i VM_DISK=$d/disk.img VM_EXTRA_SHARES="$(shared_specs)" MEM=$WORKER_MEM SMP=$WORKER_SMP TIMEOUT=${WORKER_TIMEOUT:-86400} \
+  VM_ID=$i VM_DISK=$d/disk.img MEM=$WORKER_MEM SMP=$WORKER_SMP TIMEOUT=${WORKER_TIMEOUT:-86400} \
     setsid "$REPO/hack/vm/run.sh" "$d/share" >"$LOGS/worker-$name.log" 2>&1 </dev/null &
   echo $! >"$d/run.pid"
 }

@@ -171,7 +171,8 @@ for mode in $MODES; do
     run "iscsi-sanity-mount-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=mount
     run "iscsi-sanity-block-$target" sanity-iscsi '^TestSanityISCSI$' $env SPINDLE_SANITY_ACCESS=block
     run "iscsi-sanity-stock-$target" sanity-iscsi '^TestStockSanityISCSI$' $env
-    run "iscsi-lifecycle-$target" lifecycle '^TestFullLifecycleISCSI$' $env
+    # With a node plugin (--mode=node) that has no pool, beside a controller.
+    run "iscsi-lifecycle-$target" lifecycle '^(TestFullLifecycleISCSI|TestISCSINodeWithoutPool)$' $env
     [ "${DATAPATH:-}" = 1 ] && run "datapath-iscsi-$target" datapath-iscsi '^BenchmarkDataPathISCSI$' $env $datapath_env
     ;;
   krbd | rbd-nbd)

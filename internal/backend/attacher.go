@@ -79,6 +79,19 @@ type AttachSource interface {
 	Probe(ctx context.Context) error
 }
 
+// ContextGrants is implemented by attach sources whose node reads no image
+// store: the controller's publish_context is the grant and carries what the
+// node must know of the image (iSCSI nodes have only the target's portal,
+// the publish_context and the CHAP secret). TransportAttacher then takes
+// the image and the grant from it instead of Get and GrantOf.
+type ContextGrants interface {
+	// Grant returns what the request's publish_context says of the image
+	// (its ID and, where the controller said, Formatted, FsType and
+	// AccessType) and of this node's grant, or ErrPrecondition when it
+	// does not grant this node access.
+	Grant(ctx context.Context, req AttachRequest) (*Image, *Attachment, error)
+}
+
 // TransportAttacher is the one Attacher: it finds the node's grant,
 // applies the read-only rule, reuses a device that is already attached
 // with that setting, or maps a new one and proves it is the image before
@@ -96,11 +109,7 @@ var _ Attacher = (*TransportAttacher)(nil)
 
 // Attach implements Attacher.
 func (a *TransportAttacher) Attach(ctx context.Context, req AttachRequest) (*Device, error) {
-	img, err := a.Source.Get(ctx, req.ImageID)
-	if err != nil {
-		return nil, err
-	}
-	grant, err := GrantOf(img, req.NodeID)
+	img, grant, err := a.grant(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +146,23 @@ func (a *TransportAttacher) Attach(ctx context.Context, req AttachRequest) (*Dev
 		return nil, err
 	}
 	return DeviceOf(img, got.Path, got.ReadOnly), nil
+}
+
+// grant is the image and this node's grant of it: from the store, or from
+// the publish_context when the source reads no store (ContextGrants).
+func (a *TransportAttacher) grant(ctx context.Context, req AttachRequest) (*Image, *Attachment, error) {
+	if g, ok := a.Source.(ContextGrants); ok {
+		return g.Grant(ctx, req)
+	}
+	img, err := a.Source.Get(ctx, req.ImageID)
+	if err != nil {
+		return nil, nil, err
+	}
+	grant, err := GrantOf(img, req.NodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return img, grant, nil
 }
 
 // Detach implements Attacher: each of the image's devices (devicePath

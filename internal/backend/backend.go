@@ -253,12 +253,13 @@ type AttachRequest struct {
 type Device struct {
 	Path     string // /dev/loop3, /dev/nbd0, ...
 	ReadOnly bool
-	// Formatted and FsType are the image store's record, when the node can
-	// read it; a formatted image is never formatted again.
+	// Formatted and FsType are the image store's record, as the node reads
+	// it (from the store, or from the publish_context the controller built
+	// from it); a formatted image is never formatted again, nor is a copy.
 	Formatted bool
 	FsType    string
-	// AccessType is what the image was created for, when the node can
-	// read it: a block volume's raw data must never be formatted over.
+	// AccessType is what the image was created for, when the node knows
+	// it: a block volume's raw data must never be formatted over.
 	AccessType AccessType
 }
 
@@ -288,7 +289,11 @@ type Attacher interface {
 	// Refresh makes an attached device see its image's current size (after
 	// Expand) and returns the device's size in bytes.
 	Refresh(ctx context.Context, imageID, devicePath string) (int64, error)
-	// RecordFormatted notes in the image's metadata that it now holds fsType.
+	// RecordFormatted notes that the image now holds fsType, where the
+	// backend keeps that fact: in the image's metadata, or, for a backend
+	// whose node reads no store, nowhere but in the filesystem itself (the
+	// iSCSI controller reads it from the image at the volume's next
+	// publish).
 	RecordFormatted(ctx context.Context, imageID, fsType string) error
 	// RegisterNode announces this node to the backend (idempotent).
 	RegisterNode(ctx context.Context, info NodeInfo) error

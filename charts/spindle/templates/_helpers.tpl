@@ -62,15 +62,18 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end -}}
 
-{{/* The host directories of the backends' image pools (loop, iSCSI: the
-controller and every node plugin read them), mounted at the same path:
-one "name=path" per line. */}}
+{{/* The host directories of the backends' image pools, mounted at the same
+path: one "name=path" per line. The controller mounts every pool (loop,
+iSCSI); a node plugin only the loop pools, whose image files it binds to
+loop devices. An iSCSI node reaches its volumes through the target's portal
+and needs no share of the pool (docs/backends.md). Called with
+(dict "Values" .Values "node" true|false), as are the two below. */}}
 {{- define "spindle.poolDirs" -}}
 {{- $seen := dict -}}
 {{- range .Values.config.backends -}}
 {{- $dir := "" -}}
 {{- if and (eq .type "loop") .loop -}}{{- $dir = .loop.poolDir -}}{{- end -}}
-{{- if and (eq .type "iscsi") .iscsi -}}{{- $dir = .iscsi.poolDir -}}{{- end -}}
+{{- if and (eq .type "iscsi") .iscsi (not $.node) -}}{{- $dir = .iscsi.poolDir -}}{{- end -}}
 {{- if and $dir (not (hasKey $seen $dir)) -}}
 pool-{{ len $seen }}={{ $dir }}
 {{- $_ := set $seen $dir true }}

@@ -108,6 +108,21 @@ type Fixture struct {
 	// unregistered-node case is then skipped with that reason.
 	NoNodeRegistry string
 
+	// NodeWithoutStore, when not empty, says why the backend's node side
+	// reads no image store: its Attacher knows only what the
+	// publish_context and the secrets carry (iSCSI: a node has the
+	// target's portal, the publish_context and the CHAP secret). Its
+	// RecordFormatted records nothing: the filesystem the node made is the
+	// record, which the controller reads from the image at the volume's
+	// next publish and hands to the node in the publish_context. Format is
+	// then required. Such a node cannot tell a deleted image from one never
+	// published to it: an attach of either is refused, ErrNotFound or
+	// ErrPrecondition.
+	NodeWithoutStore string
+	// Format writes a filesystem of fsType into the image, as a node's
+	// mkfs on its device does (for NodeWithoutStore).
+	Format func(ctx context.Context, imageID, fsType string) error
+
 	// NoAttach, when not empty, says why the node side cannot run here
 	// (not root, no /dev/loop-control, no initiator); the attach cases
 	// are then skipped with that reason.
@@ -157,6 +172,9 @@ func newHarness(t *testing.T, newFixture Factory, opts Options) *harness {
 	}
 	if f.NoAttach == "" && f.Instance.Attacher == nil {
 		t.Fatal("the fixture offers attach but its instance has no Attacher")
+	}
+	if f.NodeWithoutStore != "" && f.Format == nil {
+		t.Fatal("the fixture's node reads no store (NodeWithoutStore) but it has no Format")
 	}
 	h := &harness{t: t, f: f, ctx: backend.WithSecrets(t.Context(), f.Secrets)}
 	for _, n := range []string{NodeA, NodeB, NodeC} {
@@ -752,15 +770,29 @@ func testAttach(t *testing.T, newFixture Factory) {
 		_, err := h.attacher().Identify(h.ctx, other.ID, dev.Path)
 		testutil.WantKind(t, err, errdefs.ErrNotFound, dev.Path)
 
-		if err := h.attacher().RecordFormatted(h.ctx, img.ID, "ext4"); err != nil {
+		if h.f.NodeWithoutStore != "" {
+			// The node's mkfs is the record; RecordFormatted writes
+			// nothing, and the controller reads the fact from the image at
+			// the next publish.
+			if err := h.f.Format(h.ctx, img.ID, "ext4"); err != nil {
+				t.Fatalf("Format: %v", err)
+			}
+			if err := h.attacher().RecordFormatted(h.ctx, img.ID, "ext4"); err != nil {
+				t.Fatalf("RecordFormatted: %v", err)
+			}
+			if got := h.get(img.ID); got.Formatted {
+				t.Fatalf("the node's RecordFormatted reached the store (%s): %+v", h.f.NodeWithoutStore, got)
+			}
+			req.PublishContext = h.publish(img.ID, att(NodeA, backend.SingleNodeWriter, false))
+		} else if err := h.attacher().RecordFormatted(h.ctx, img.ID, "ext4"); err != nil {
 			t.Fatalf("RecordFormatted: %v", err)
 		}
 		if got := h.get(img.ID); !got.Formatted || got.FsType != "ext4" {
-			t.Fatalf("after RecordFormatted, Get = Formatted %t FsType %q", got.Formatted, got.FsType)
+			t.Fatalf("after the format, Get = Formatted %t FsType %q", got.Formatted, got.FsType)
 		}
 		// The node learns it through the attach, so it never formats twice.
 		if d := h.attach(req); d.Path != dev.Path || !d.Formatted || d.FsType != "ext4" {
-			t.Fatalf("Attach after RecordFormatted = %+v, want %s formatted ext4", d, dev.Path)
+			t.Fatalf("Attach after the format = %+v, want %s formatted ext4", d, dev.Path)
 		}
 		if err := h.attacher().RecordFormatted(h.ctx, img.ID, "ext4"); err != nil {
 			t.Fatalf("repeated RecordFormatted: %v", err)
@@ -817,11 +849,17 @@ func testAttach(t *testing.T, newFixture Factory) {
 		h.needAttach()
 		id := h.missingID()
 		_, err := h.attacher().Attach(h.ctx, backend.AttachRequest{ImageID: id, NodeID: NodeA})
-		testutil.WantKind(t, err, errdefs.ErrNotFound, id)
+		if h.f.NodeWithoutStore != "" && errdefs.KindOf(err) == errdefs.ErrPrecondition {
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, id, NodeA)
+		} else {
+			testutil.WantKind(t, err, errdefs.ErrNotFound, id)
+		}
 		if err := h.attacher().Detach(h.ctx, id, ""); err != nil {
 			t.Fatalf("Detach of a deleted image with nothing attached: %v", err)
 		}
-		testutil.WantKind(t, h.attacher().RecordFormatted(h.ctx, id, "ext4"), errdefs.ErrNotFound)
+		if h.f.NodeWithoutStore == "" {
+			testutil.WantKind(t, h.attacher().RecordFormatted(h.ctx, id, "ext4"), errdefs.ErrNotFound)
+		}
 	})
 }
 

@@ -86,11 +86,24 @@ func (h *harness) listSnapshots() []string {
 
 // formatted makes the image formatted with fsType the way a node would, when
 // the fixture has an attacher; it reports whether it did, so the suite knows
-// which "formatted" flag a copy must inherit.
+// which "formatted" flag a copy must inherit. For a node without a store,
+// the filesystem is written and the controller learns it by publishing the
+// volume (to NodeC, then unpublishing it).
 func (h *harness) formatted(id, fsType string) bool {
 	h.t.Helper()
 	if h.f.Instance.Attacher == nil {
 		return false
+	}
+	if h.f.NodeWithoutStore != "" {
+		if err := h.f.Format(h.ctx, id, fsType); err != nil {
+			h.t.Fatalf("Format(%s): %v", id, err)
+		}
+		h.publish(id, att(NodeC, backend.SingleNodeWriter, false))
+		h.unpublish(id, NodeC)
+		if img := h.get(id); !img.Formatted || img.FsType != fsType {
+			h.t.Fatalf("after a publish of %s holding %s, Get = Formatted %t FsType %q; want the controller to have learned it", id, fsType, img.Formatted, img.FsType)
+		}
+		return true
 	}
 	if err := h.attacher().RecordFormatted(h.ctx, id, fsType); err != nil {
 		h.t.Fatalf("RecordFormatted(%s): %v", id, err)

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -20,9 +19,6 @@ type session struct {
 	Initiator string
 	CHAP      *CHAP
 	ReadOnly  bool
-	// SizeBytes is the image's size in the pool (a userspace refresh
-	// resizes the daemon's view to it).
-	SizeBytes int64
 }
 
 // connDevice is a local block device of a LUN.
@@ -67,20 +63,20 @@ func (n naming) serial(imageID string) string { return Serial(n.instance, imageI
 
 // session builds the login from the publish_context, checking that it
 // names what this node derives for the image.
-func (n naming) session(ctx context.Context, img *backend.Image, nodeID string, pc map[string]string) (session, error) {
+func (n naming) session(ctx context.Context, imageID, nodeID string, pc map[string]string) (session, error) {
 	initiator, err := InitiatorIQN(n.cfg.InitiatorPrefix, nodeID)
 	if err != nil {
 		return session{}, err
 	}
 	s := session{
-		ImageID: img.ID, IQN: n.iqn(img.ID), LUN: LUN, Serial: n.serial(img.ID),
-		Initiator: initiator, Portals: n.cfg.Portals, SizeBytes: img.CapacityBytes,
+		ImageID: imageID, IQN: n.iqn(imageID), LUN: LUN, Serial: n.serial(imageID),
+		Initiator: initiator, Portals: n.cfg.Portals,
 	}
 	if v, ok := pc[ContextTargetIQN]; ok && v != s.IQN {
-		return session{}, errdefs.Precondition("the controller published target %s but this node derives %s for volume %s: controller and node configurations disagree", v, s.IQN, img.ID)
+		return session{}, errdefs.Precondition("the controller published target %s but this node derives %s for volume %s: controller and node configurations disagree", v, s.IQN, imageID)
 	}
 	if v, ok := pc[ContextSerial]; ok && v != s.Serial {
-		return session{}, errdefs.Precondition("the controller published LUN serial %s but this node derives %s for volume %s: controller and node configurations disagree", v, s.Serial, img.ID)
+		return session{}, errdefs.Precondition("the controller published LUN serial %s but this node derives %s for volume %s: controller and node configurations disagree", v, s.Serial, imageID)
 	}
 	if v, ok := pc[ContextLUN]; ok {
 		l, err := strconv.Atoi(v)
@@ -102,33 +98,106 @@ func (n naming) session(ctx context.Context, img *backend.Image, nodeID string, 
 	return s, err
 }
 
-// source is the pool as the node reads it.
+// source is what the node knows of a volume: the publish_context and the
+// CHAP secret, never the pool (which the target host keeps). The
+// publish_context is the controller's grant (backend.ContextGrants), and
+// the target enforces it: its ACL admits only the initiators of the nodes
+// the volume is published to.
 type source struct {
-	*filestore.Store
 	naming
+	nodes *nodeRegistry
+}
+
+var (
+	_ backend.AttachSource  = source{}
+	_ backend.ContextGrants = source{}
+)
+
+// Grant implements backend.ContextGrants: the publish_context must name a
+// target and, when the controller said, this node's initiator; it says
+// whether the node may format the volume (formatted.go).
+func (s source) Grant(_ context.Context, req backend.AttachRequest) (*backend.Image, *backend.Attachment, error) {
+	pc := req.PublishContext
+	if pc[ContextTargetIQN] == "" {
+		return nil, nil, errdefs.Precondition("volume %s is not published to node %q: its publish_context names no target (ControllerPublishVolume has not granted this node access)", req.ImageID, req.NodeID)
+	}
+	initiator, err := InitiatorIQN(s.cfg.InitiatorPrefix, req.NodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if v, ok := pc[ContextInitiator]; ok && v != initiator {
+		return nil, nil, errdefs.Precondition("volume %s is published to initiator %s, not to node %q (%s)", req.ImageID, v, req.NodeID, initiator)
+	}
+	readOnly, err := contextBool(pc, backend.ContextReadOnly, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A publish_context of an older controller says nothing: never format.
+	formatted, err := contextBool(pc, ContextFormatted, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	access := backend.AccessType(pc[ContextAccessType])
+	switch access {
+	case "", backend.AccessMount, backend.AccessBlock:
+	default:
+		return nil, nil, errdefs.InvalidArgument("publish_context %s=%q is neither %s nor %s", ContextAccessType, access, backend.AccessMount, backend.AccessBlock)
+	}
+	img := &backend.Image{ID: req.ImageID, Formatted: formatted, FsType: pc[ContextFsType], AccessType: access}
+	return img, &backend.Attachment{NodeID: req.NodeID, ReadOnly: readOnly}, nil
+}
+
+// contextBool reads a "true"/"false" key of the publish_context; def when
+// it is absent.
+func contextBool(pc map[string]string, key string, def bool) (bool, error) {
+	v, ok := pc[key]
+	if !ok {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errdefs.InvalidArgument("publish_context %s=%q is not true or false", key, v)
+	}
+	return b, nil
+}
+
+// Get implements backend.AttachSource. The node has no pool to read:
+// TransportAttacher asks Grant instead.
+func (s source) Get(_ context.Context, imageID string) (*backend.Image, error) {
+	return nil, errdefs.Precondition("an iSCSI node reads no pool; volume %s is known to it only through its publish_context", imageID)
 }
 
 // CheckAttach: the publish_context must name the target this node derives,
 // and make a login (portals, CHAP).
 func (s source) CheckAttach(ctx context.Context, img *backend.Image, req backend.AttachRequest) error {
-	_, err := s.session(ctx, img, req.NodeID, req.PublishContext)
+	_, err := s.session(ctx, img.ID, req.NodeID, req.PublishContext)
 	return err
 }
 
-// RegisterNode: the node's ID must make an initiator name.
-func (s source) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
+// RecordFormatted records nothing: the filesystem the node made is the
+// record, and the controller copies it into the pool at the volume's next
+// publish (formatted.go).
+func (s source) RecordFormatted(context.Context, string, string) error { return nil }
+
+// RegisterNode: the node's ID must make an initiator name. The node is
+// known to a controller in this process only (nodeRegistry); nothing is
+// written anywhere.
+func (s source) RegisterNode(_ context.Context, info backend.NodeInfo) error {
 	if _, err := InitiatorIQN(s.cfg.InitiatorPrefix, info.NodeID); err != nil {
 		return err
 	}
-	return s.Store.RegisterNode(ctx, info)
+	s.nodes.register(info)
+	return nil
 }
+
+// Probe: the node needs no store; the transport says whether it can log in.
+func (s source) Probe(context.Context) error { return nil }
 
 // transport logs in to a volume's target with the connector of the
 // configured mode and hands out the LUN's devices.
 type transport struct {
 	naming
-	store *filestore.Store
-	conn  connector
+	conn connector
 }
 
 var _ backend.SessionTransport = (*transport)(nil)
@@ -139,7 +208,7 @@ func mappedOf(d connDevice) backend.MappedDevice {
 
 // Map implements backend.Transport.
 func (t *transport) Map(ctx context.Context, req backend.MapRequest) (string, error) {
-	s, err := t.session(ctx, req.Image, req.NodeID, req.PublishContext)
+	s, err := t.session(ctx, req.Image.ID, req.NodeID, req.PublishContext)
 	if err != nil {
 		return "", err
 	}
@@ -184,31 +253,12 @@ func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*
 	return &m, nil
 }
 
-// Refresh implements backend.Transport: the userspace initiator resizes
-// its view of the LUN to the image's size in the pool.
+// Refresh implements backend.Transport: the device takes the LUN's size as
+// the target reports it now.
 func (t *transport) Refresh(ctx context.Context, imageID, devicePath string) (int64, error) {
-	img, err := t.store.Get(ctx, imageID)
-	if err != nil {
-		return 0, err
-	}
-	s := session{ImageID: img.ID, IQN: t.iqn(img.ID), LUN: LUN, Serial: t.serial(img.ID), Portals: t.cfg.Portals, SizeBytes: img.CapacityBytes}
+	s := session{ImageID: imageID, IQN: t.iqn(imageID), LUN: LUN, Serial: t.serial(imageID), Portals: t.cfg.Portals}
 	return t.conn.Refresh(ctx, s, devicePath)
 }
 
 // Available implements backend.Transport.
 func (t *transport) Available(ctx context.Context) error { return t.conn.Probe(ctx) }
-
-// attacher is backend.TransportAttacher on iSCSI logins, with the health
-// check of its image files.
-type attacher struct {
-	*backend.TransportAttacher
-	store *filestore.Store
-}
-
-var _ backend.ImageChecker = attacher{}
-
-// CheckImage implements backend.ImageChecker: the image file is still in
-// the pool.
-func (a attacher) CheckImage(ctx context.Context, imageID string) error {
-	return a.store.CheckImage(ctx, imageID)
-}

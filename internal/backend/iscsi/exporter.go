@@ -34,7 +34,7 @@ type exportRecord struct {
 // them out again.
 type targets struct {
 	backend.NoExportHooks
-	store    *filestore.Store
+	pool     *pool
 	tool     targetTool
 	cfg      Config
 	instance string
@@ -48,10 +48,10 @@ func (e *targets) targetIQN(imageID string) string {
 }
 
 // export is what the image's target must look like with these attachments.
-func (e *targets) export(img *backend.Image, chap *CHAP) (Export, error) {
+func (e *targets) export(fs *filestore.Store, img *backend.Image, chap *CHAP) (Export, error) {
 	x := Export{
 		IQN:       e.targetIQN(img.ID),
-		ImagePath: e.store.ImagePath(img.ID),
+		ImagePath: fs.ImagePath(img.ID),
 		Serial:    Serial(e.instance, img.ID),
 		CHAP:      chap,
 		DirectIO:  img.MutableParameters[MutableParamDirectIO] == "true",
@@ -85,30 +85,43 @@ func (e *targets) Apply(ctx context.Context, img, before *backend.Image) error {
 	if err != nil {
 		return err
 	}
-	err = e.apply(ctx, img, chap, len(before.Attachments) > 0)
+	fs, err := e.pool.open()
+	if err != nil {
+		return err
+	}
+	err = e.apply(ctx, fs, img, chap, len(before.Attachments) > 0)
 	if err != nil && len(img.Attachments) > len(before.Attachments) {
-		if rerr := e.applyACLOnly(ctx, before); rerr != nil {
+		if rerr := e.applyACLOnly(ctx, fs, before); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("roll back the ACL: %w", rerr))
 		}
 	}
 	return err
 }
 
-// PublishContext: where to log in and which LUN is the volume's.
+// PublishContext: where to log in and which LUN is the volume's, and what
+// the node must know of the image, which it cannot read anywhere else (see
+// formatted.go): whether it may ever be formatted, its fs type and access
+// type. The exporter adds the node's initiator.
 func (e *targets) PublishContext(img *backend.Image) map[string]string {
-	return map[string]string{
-		ContextPortals:   strings.Join(e.cfg.Portals, ","),
-		ContextTargetIQN: e.targetIQN(img.ID),
-		ContextLUN:       strconv.Itoa(LUN),
-		ContextSerial:    Serial(e.instance, img.ID),
+	pc := map[string]string{
+		ContextPortals:    strings.Join(e.cfg.Portals, ","),
+		ContextTargetIQN:  e.targetIQN(img.ID),
+		ContextLUN:        strconv.Itoa(LUN),
+		ContextSerial:     Serial(e.instance, img.ID),
+		ContextFormatted:  strconv.FormatBool(neverFormat(img)),
+		ContextAccessType: string(img.AccessType),
 	}
+	if img.FsType != "" {
+		pc[ContextFsType] = img.FsType
+	}
+	return pc
 }
 
 // apply makes the target match img's attachments and chap. A target that
 // requires CHAP keeps requiring it while the volume stays published: a
 // publish without credentials is refused rather than opening the LUN.
-func (e *targets) apply(ctx context.Context, img *backend.Image, chap *CHAP, published bool) error {
-	rec, err := e.readRecord(img.ID)
+func (e *targets) apply(ctx context.Context, fs *filestore.Store, img *backend.Image, chap *CHAP, published bool) error {
+	rec, err := e.readRecord(fs, img.ID)
 	if err != nil {
 		return err
 	}
@@ -116,11 +129,11 @@ func (e *targets) apply(ctx context.Context, img *backend.Image, chap *CHAP, pub
 		return errdefs.Precondition("volume %s is published with CHAP and this ControllerPublishVolume carries no CHAP secrets (%s, %s); refusing to drop authentication", img.ID, SecretUser, SecretPassword)
 	}
 	if want := (exportRecord{CHAP: chap != nil}); want != rec {
-		if err := e.writeRecord(img.ID, want); err != nil {
+		if err := e.writeRecord(fs, img.ID, want); err != nil {
 			return err
 		}
 	}
-	x, err := e.export(img, chap)
+	x, err := e.export(fs, img, chap)
 	if err != nil {
 		return err
 	}
@@ -130,14 +143,14 @@ func (e *targets) apply(ctx context.Context, img *backend.Image, chap *CHAP, pub
 // applyACLOnly sets the target's ACL to img's attachments without
 // touching its CHAP accounts (for which it has no credentials); with no
 // attachments left the target goes.
-func (e *targets) applyACLOnly(ctx context.Context, img *backend.Image) error {
+func (e *targets) applyACLOnly(ctx context.Context, fs *filestore.Store, img *backend.Image) error {
 	if len(img.Attachments) == 0 {
 		if err := e.tool.Remove(ctx, e.targetIQN(img.ID)); err != nil {
 			return err
 		}
-		return e.removeRecord(img.ID)
+		return e.removeRecord(fs, img.ID)
 	}
-	x, err := e.export(img, nil)
+	x, err := e.export(fs, img, nil)
 	if err != nil {
 		return err
 	}
@@ -159,7 +172,11 @@ func (c *CHAP) keep() bool { return c != nil && c.User == keepAccounts }
 // Revoked: the node's initiator leaves the ACL and loses its sessions;
 // the last one takes the target with it.
 func (e *targets) Revoked(ctx context.Context, img *backend.Image) error {
-	return e.applyACLOnly(ctx, img)
+	fs, err := e.pool.open()
+	if err != nil {
+		return err
+	}
+	return e.applyACLOnly(ctx, fs, img)
 }
 
 // Gone: a target an interrupted delete left behind goes.
@@ -167,18 +184,8 @@ func (e *targets) Gone(ctx context.Context, imageID string) error {
 	return e.tool.Remove(ctx, e.targetIQN(imageID))
 }
 
-// Reconcile makes the target host match the pool, as after a tgtd restart:
-// every published volume gets its target back (those published with CHAP
-// locked, with an empty ACL, until their next publish brings the
-// credentials); targets of this instance that belong to no published volume
-// go. A controller runs it when it starts (backend.Reconciler); it returns
-// the targets it rebuilt or removed.
-func (s *Store) Reconcile(ctx context.Context) ([]string, error) {
-	return s.targets.reconcile(ctx)
-}
-
-func (e *targets) reconcile(ctx context.Context) ([]string, error) {
-	imgs, err := e.store.List(ctx)
+func (e *targets) reconcile(ctx context.Context, fs *filestore.Store) ([]string, error) {
+	imgs, err := fs.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -195,12 +202,12 @@ func (e *targets) reconcile(ctx context.Context) ([]string, error) {
 		}
 		iqn := e.targetIQN(img.ID)
 		want[iqn] = true
-		x, err := e.export(img, nil)
+		x, err := e.export(fs, img, nil)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		rec, err := e.readRecord(img.ID)
+		rec, err := e.readRecord(fs, img.ID)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -231,13 +238,13 @@ func (e *targets) reconcile(ctx context.Context) ([]string, error) {
 	return changed, errors.Join(errs...)
 }
 
-func (e *targets) recordPath(id string) string {
-	return filepath.Join(e.store.Dir(), recordsDir, id+".json")
+func (e *targets) recordPath(fs *filestore.Store, id string) string {
+	return filepath.Join(fs.Dir(), recordsDir, id+".json")
 }
 
-func (e *targets) readRecord(id string) (exportRecord, error) {
+func (e *targets) readRecord(fs *filestore.Store, id string) (exportRecord, error) {
 	var rec exportRecord
-	data, err := os.ReadFile(e.recordPath(id))
+	data, err := os.ReadFile(e.recordPath(fs, id))
 	if os.IsNotExist(err) {
 		return rec, nil
 	}
@@ -245,73 +252,57 @@ func (e *targets) readRecord(id string) (exportRecord, error) {
 		return rec, err
 	}
 	if err := json.Unmarshal(data, &rec); err != nil {
-		return rec, fmt.Errorf("export record %s is corrupt: %w", e.recordPath(id), err)
+		return rec, fmt.Errorf("export record %s is corrupt: %w", e.recordPath(fs, id), err)
 	}
 	return rec, nil
 }
 
-func (e *targets) writeRecord(id string, rec exportRecord) error {
-	if err := os.MkdirAll(filepath.Dir(e.recordPath(id)), 0o750); err != nil {
+func (e *targets) writeRecord(fs *filestore.Store, id string, rec exportRecord) error {
+	if err := os.MkdirAll(filepath.Dir(e.recordPath(fs, id)), 0o750); err != nil {
 		return err
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(e.recordPath(id), append(data, '\n'), 0o600)
+	return atomicfile.Write(e.recordPath(fs, id), append(data, '\n'), 0o600)
 }
 
-func (e *targets) removeRecord(id string) error {
-	return atomicfile.Remove(e.recordPath(id))
+func (e *targets) removeRecord(fs *filestore.Store, id string) error {
+	return atomicfile.Remove(e.recordPath(fs, id))
 }
 
-// Store is the filestore pool with the target kept in step: Delete removes
-// a target an interrupted unpublish left, Expand makes a published LUN take
-// the new size.
-type Store struct {
-	*filestore.Store
-	targets *targets
+// exporter is the one backend.GrantExporter with what an iSCSI node needs
+// from the controller besides the target, since it reads no pool: before
+// the grant, the store learns from the image whether it was formatted
+// (formatted.go); after it, the publish_context names the initiator the
+// target's ACL now admits, which the node checks is its own.
+type exporter struct {
+	*backend.GrantExporter
+	store *Store
+	cfg   Config
 }
 
-var (
-	_ backend.ImageStore = (*Store)(nil)
-	_ backend.Reconciler = (*Store)(nil)
-)
+var _ backend.Exporter = exporter{}
 
-// Delete implements backend.ImageStore.
-func (s *Store) Delete(ctx context.Context, id string) error {
-	if err := s.Store.Delete(ctx, id); err != nil {
-		return err
+// Publish implements backend.Exporter.
+func (e exporter) Publish(ctx context.Context, imageID string, att backend.Attachment) (map[string]string, error) {
+	// What the grant checks first (the initiator name, the CHAP secrets),
+	// before anything looks at the image.
+	if err := e.Hooks.CheckPublish(ctx, att); err != nil {
+		return nil, err
 	}
-	// An unreachable tgtd holds no target to remove (it forgets them all
-	// when it restarts); the controller's start-up reconcile removes strays.
-	if err := s.targets.tool.Remove(ctx, s.targets.targetIQN(id)); err != nil && errdefs.KindOf(err) != errdefs.ErrUnavailable {
-		return err
+	if err := e.store.learnFormatted(ctx, imageID); err != nil {
+		return nil, err
 	}
-	return s.targets.removeRecord(id)
-}
-
-// Expand implements backend.ImageStore. The LUN is resized on every call
-// for a published volume, so a retry after a failed resize completes it.
-func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend.Image, error) {
-	img, err := s.Store.Expand(ctx, id, newBytes)
-	if err != nil || len(img.Attachments) == 0 {
-		return img, err
-	}
-	x, err := s.targets.export(img, nil)
+	pc, err := e.GrantExporter.Publish(ctx, imageID, att)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.targets.tool.Resize(ctx, x); err != nil {
+	initiator, err := InitiatorIQN(e.cfg.InitiatorPrefix, att.NodeID)
+	if err != nil {
 		return nil, err
 	}
-	return img, nil
-}
-
-// Probe implements backend.ImageStore: the pool and the target are usable.
-func (s *Store) Probe(ctx context.Context) error {
-	if err := s.Store.Probe(ctx); err != nil {
-		return err
-	}
-	return s.targets.tool.Probe(ctx)
+	pc[ContextInitiator] = initiator
+	return pc, nil
 }

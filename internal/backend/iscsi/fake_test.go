@@ -2,6 +2,7 @@ package iscsi
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend/conformance"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
@@ -67,18 +69,62 @@ func (f *fakeTool) get(iqn string) (Export, bool) {
 	return e, ok
 }
 
-func fakeInstance(t *testing.T, maxBytes int64) (*backend.Instance, *fakeTool) {
-	t.Helper()
-	tool := newFakeTool()
-	cfg := Config{
+// fakeProber answers for image files as node.LinuxHost.Probe does with
+// blkid's answers: blank unless the test says what a file holds.
+type fakeProber struct {
+	mu     sync.Mutex
+	holds  map[string]node.Signature
+	err    error
+	probed []string
+}
+
+func (f *fakeProber) Probe(_ context.Context, path string) (node.Signature, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probed = append(f.probed, filepath.Base(path))
+	return f.holds[path], f.err
+}
+
+func (f *fakeProber) set(path string, sig node.Signature) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holds == nil {
+		f.holds = map[string]node.Signature{}
+	}
+	f.holds[path] = sig
+}
+
+func fakeConfig(t *testing.T, maxBytes int64) Config {
+	return Config{
 		PoolDir: filepath.Join(t.TempDir(), "pool"), MaxProvisionedBytes: maxBytes, Portals: []string{"192.0.2.1:3260"},
 		TargetPrefix: "iqn.2026-01.dev.spindle", InitiatorPrefix: "iqn.2026-01.dev.spindle.node",
 	}.withDefaults()
-	inst, err := newInstance("fake", cfg, tool, nil)
+}
+
+func fakeInstance(t *testing.T, maxBytes int64) (*backend.Instance, *fakeTool) {
+	t.Helper()
+	inst, tool, _ := fakeInstanceProbed(t, maxBytes)
+	return inst, tool
+}
+
+func fakeInstanceProbed(t *testing.T, maxBytes int64) (*backend.Instance, *fakeTool, *fakeProber) {
+	t.Helper()
+	tool, probe := newFakeTool(), &fakeProber{}
+	inst, err := newInstance("fake", fakeConfig(t, maxBytes), tool, nil, probe)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return inst, tool
+	return inst, tool, probe
+}
+
+// poolOf is the instance's opened pool.
+func poolOf(t *testing.T, inst *backend.Instance) *filestore.Store {
+	t.Helper()
+	fs, err := inst.Store.(*Store).Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
 }
 
 // TestConformanceFakeTarget runs the controller side of the shared suite
@@ -87,11 +133,12 @@ func fakeInstance(t *testing.T, maxBytes int64) (*backend.Instance, *fakeTool) {
 func TestConformanceFakeTarget(t *testing.T) {
 	conformance.Run(t, func(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		inst, _ := fakeInstance(t, opts.CapacityBytes)
-		fs := inst.Store.(*Store).Store
+		// A node plugin in the controller's process registers with it.
+		node := inst.Attacher
 		inst.Attacher = nil
 		return &conformance.Fixture{
 			Instance:          inst,
-			RegisterNode:      func(ctx context.Context, info backend.NodeInfo) error { return fs.RegisterNode(ctx, info) },
+			RegisterNode:      node.RegisterNode,
 			ImageID:           filestore.ImageIDForName,
 			MutableParameters: map[string]string{MutableParamDirectIO: "true"},
 			Secrets:           map[string]string{SecretUser: "u", SecretPassword: "p"},
@@ -105,13 +152,8 @@ func TestConformanceFakeTarget(t *testing.T) {
 // a node leaves, and the last unpublish takes the target away.
 func TestExportFollowsAttachments(t *testing.T) {
 	inst, tool := fakeInstance(t, 0)
-	fs := inst.Store.(*Store).Store
+	fs := poolOf(t, inst)
 	ctx := backend.WithSecrets(t.Context(), map[string]string{SecretUser: "u", SecretPassword: "p"})
-	for _, n := range []string{"node-a", "node-b"} {
-		if err := fs.RegisterNode(ctx, backend.NodeInfo{NodeID: n}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	img, err := inst.Store.Create(ctx, backend.VolumeSpec{Name: "pvc-x", CapacityBytes: 1 << 20, AccessType: backend.AccessBlock})
 	if err != nil {
 		t.Fatal(err)
@@ -125,8 +167,13 @@ func TestExportFollowsAttachments(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pc[ContextTargetIQN] != iqn || pc[ContextLUN] != "1" || pc[ContextPortals] != "192.0.2.1:3260" || pc[ContextSerial] != Serial("fake", img.ID) || pc[backend.ContextReadOnly] != "true" {
-			t.Fatalf("publish_context = %v", pc)
+		want := map[string]string{
+			ContextTargetIQN: iqn, ContextLUN: "1", ContextPortals: "192.0.2.1:3260", ContextSerial: Serial("fake", img.ID),
+			backend.ContextReadOnly: "true", ContextInitiator: "iqn.2026-01.dev.spindle.node:" + n,
+			ContextFormatted: "false", ContextAccessType: "block",
+		}
+		if !maps.Equal(pc, want) {
+			t.Fatalf("publish_context = %v, want %v", pc, want)
 		}
 	}
 	x, ok := tool.get(iqn)

@@ -6,6 +6,7 @@
 //
 //   - Image store: the filestore pool, wrapped so that Delete also removes
 //     the volume's target and Expand makes the LUN take the grown size.
+//     Only the controller uses it (store.go opens it at the first call).
 //   - Export: one target per volume, IQN "<targetPrefix>:<instance>.<image>",
 //     LUN 1 backed by the image file with a serial derived from the volume
 //     (the node's identity check), and an initiator ACL that lists exactly
@@ -15,7 +16,10 @@
 //   - Attach: the node logs in with the initiator name derived from its node
 //     ID, in one of two modes: kernel (iscsiadm, /dev/disk/by-path) or
 //     userspace (qemu-storage-daemon's iSCSI client exported through FUSE,
-//     then a loop device), for nodes without the iscsi_tcp module.
+//     then a loop device), for nodes without the iscsi_tcp module. A node
+//     shares no storage with the target host: it has the target's portal,
+//     the publish_context (the controller's grant, with what the node must
+//     know of the image: formatted.go) and the CHAP secret.
 //
 // # Initiator names
 //
@@ -24,9 +28,8 @@
 // external-attacher passes to ControllerPublishVolume, and the node logs in
 // with exactly that name (kernel mode: an iscsiadm iface with
 // iface.initiatorname set; userspace mode: qemu's initiator-name). So the
-// ACL needs no node registry lookup; node plugins still register in the
-// pool, as for the loop backend, so that an unknown node is refused and a
-// node's attach limit is enforced.
+// ACL needs no registry of nodes, and there is none to share: a node
+// plugin registers in its own process only (store.go, nodeRegistry).
 //
 // # CHAP
 //
@@ -70,6 +73,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // Type is the backend name in volume IDs and in the config.
@@ -338,34 +342,34 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 	default:
 		conn = newKernel(run, cfg.StateDir)
 	}
-	return newInstance(name, cfg, tool, conn)
+	return newInstance(name, cfg, tool, conn, node.NewLinuxHost(run))
 }
 
-func newInstance(name string, cfg Config, tool targetTool, conn connector) (*backend.Instance, error) {
+func newInstance(name string, cfg Config, tool targetTool, conn connector, probe signatureProber) (*backend.Instance, error) {
 	key := Type + "/" + name
-	fs, err := filestore.New(filestore.Options{Dir: cfg.PoolDir, Name: key, MaxProvisionedBytes: cfg.MaxProvisionedBytes, ValidateMutable: validateMutable})
-	if err != nil {
-		return nil, err
-	}
-	t := &targets{store: fs, tool: tool, cfg: cfg, instance: name}
+	p := &pool{opts: filestore.Options{Dir: cfg.PoolDir, Name: key, MaxProvisionedBytes: cfg.MaxProvisionedBytes, ValidateMutable: validateMutable}}
+	t := &targets{pool: p, tool: tool, cfg: cfg, instance: name}
+	nodes := &nodeRegistry{}
+	store := &Store{pool: p, targets: t, nodes: nodes, probe: probe, key: key}
+	names := naming{cfg: cfg, instance: name}
 	return &backend.Instance{
 		Type:  Type,
 		Name:  name,
-		Store: &Store{Store: fs, targets: t},
+		Store: store,
 		// A LUN of a file image may be written from one node only (no
 		// cluster filesystem coordinates writers), and shared across
 		// nodes read-only.
-		Exporter: &backend.GrantExporter{
-			Backend: Type, Instance: key, OneWriterReason: "a LUN of a file image can be written from one node only",
-			Ledger: fs, Hooks: t,
-		},
-		Attacher: attacher{
-			TransportAttacher: &backend.TransportAttacher{
-				Source:    source{Store: fs, naming: naming{cfg: cfg, instance: name}},
-				Transport: &transport{naming: naming{cfg: cfg, instance: name}, store: fs, conn: conn},
+		Exporter: exporter{
+			GrantExporter: &backend.GrantExporter{
+				Backend: Type, Instance: key, OneWriterReason: "a LUN of a file image can be written from one node only",
+				Ledger: store, Hooks: t,
 			},
-			store: fs,
+			store: store, cfg: cfg,
 		},
-		Snapshots: fs,
+		Attacher: &backend.TransportAttacher{
+			Source:    source{naming: names, nodes: nodes},
+			Transport: &transport{naming: names, conn: conn},
+		},
+		Snapshots: store,
 	}, nil
 }

@@ -31,12 +31,18 @@ var chapSecrets = map[string]string{
 }
 
 // realEnv is an iSCSI instance on a target of its own (tgtd or LIO),
-// attached with the initiator of the run's mode (iscsitest.ModeFromEnv).
+// attached with the initiator of the run's mode (iscsitest.ModeFromEnv),
+// split as a deployment splits it: the controller's roles (store, export,
+// snapshots) on the pool, the node's attacher from an instance whose
+// configured pool directory does not exist, and which must never appear.
 type realEnv struct {
 	inst   *backend.Instance
+	ctrl   *backend.Instance
 	store  *filestore.Store
 	cfg    iscsi.Config
 	target *iscsitest.Target
+	// nodePool is the node instance's poolDir.
+	nodePool string
 }
 
 func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
@@ -44,11 +50,29 @@ func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
 	target := iscsitest.StartTarget(t)
 	cfg := target.Config(t, filepath.Join(t.TempDir(), "pool"))
 	cfg.MaxProvisionedBytes = maxBytes
-	inst, err := iscsi.New("test", cfg, command.New(utilexec.New(), nil))
+	run := command.New(utilexec.New(), nil)
+	ctrl, err := iscsi.New("test", cfg, run)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &realEnv{inst: inst, store: inst.Store.(*iscsi.Store).Store, cfg: cfg, target: target}
+	nodeCfg := cfg
+	nodeCfg.PoolDir = filepath.Join(t.TempDir(), "no-pool-on-the-node")
+	node, err := iscsi.New("test", nodeCfg, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := ctrl.Store.(*iscsi.Store).Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := *ctrl
+	inst.Attacher = node.Attacher
+	e := &realEnv{inst: &inst, ctrl: ctrl, store: store, cfg: cfg, target: target, nodePool: nodeCfg.PoolDir}
+	t.Cleanup(func() {
+		if _, err := os.Lstat(e.nodePool); !os.IsNotExist(err) {
+			t.Errorf("the node's pool directory %s exists (%v): the node plugin must never touch it", e.nodePool, err)
+		}
+	})
 	// Registered after the target's stop, so it runs before it: nothing of the
 	// test may be left attached.
 	iscsitest.CheckNoLeaks(t, cfg.StateDir)
@@ -57,25 +81,43 @@ func newRealEnv(t *testing.T, maxBytes int64) *realEnv {
 
 func (e *realEnv) fixture() *conformance.Fixture {
 	return &conformance.Fixture{
-		Instance:   e.inst,
-		ImageID:    filestore.ImageIDForName,
-		Artifacts:  e.artifacts,
-		WriteImage: e.writeImage,
-		ReadImage:  e.readImage,
-		Secrets:    chapSecrets,
+		Instance: e.inst,
+		// What a node plugin in the controller's process (--mode=all)
+		// does; a controller on its own knows no nodes.
+		RegisterNode: e.ctrl.Attacher.RegisterNode,
+		ImageID:      filestore.ImageIDForName,
+		Artifacts:    e.artifacts,
+		WriteImage:   e.writeImage,
+		ReadImage:    e.readImage,
+		Secrets:      chapSecrets,
 		// Conformance only modifies; TestDirectIOReachesTgt attaches one.
 		MutableParameters: map[string]string{iscsi.MutableParamDirectIO: "true"},
+		NodeWithoutStore:  "an iSCSI node has only the target's portal, the publish_context and the CHAP secret",
+		Format:            e.format,
 	}
 }
 
 // TestConformance runs the shared suite against a real target, attaching
 // with the run's initiator (by default tgtd and qemu-storage-daemon + FUSE
-// + loop), with CHAP on every publish and attach. The small-capacity
-// variant is a provisioning cap.
+// + loop), with CHAP on every publish and attach, from a node instance
+// without a pool. The small-capacity variant is a provisioning cap.
 func TestConformance(t *testing.T) {
 	conformance.Run(t, func(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		return newRealEnv(t, opts.CapacityBytes).fixture()
 	})
+}
+
+// format makes an ext4 filesystem in the image file, as a node's mkfs on
+// its device would.
+func (e *realEnv) format(ctx context.Context, id, fsType string) error {
+	if fsType != "ext4" {
+		return fmt.Errorf("the tests format ext4 only, not %s", fsType)
+	}
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", e.store.ImagePath(id)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs.ext4: %v: %s", err, out)
+	}
+	return nil
 }
 
 func (e *realEnv) writeImage(_ context.Context, id string, off int64, data []byte) error {

@@ -357,12 +357,24 @@ func (u *userspace) detachLoop(ctx context.Context, iqn, lun, dev string) error 
 	}
 }
 
-// Refresh has the daemon re-read the LUN's capacity (QMP block_resize to
-// the image's size, which qemu's iSCSI driver checks against a fresh READ
-// CAPACITY), then the loop device take the export's new size.
+// Refresh has the daemon re-read the LUN's capacity, then the loop device
+// take the export's new size. qemu's iSCSI driver issues a fresh READ
+// CAPACITY on every block_resize and takes the size the target reports
+// (a resize to any size up to it succeeds; a larger one is "Cannot grow
+// iSCSI devices"): a resize to the size the daemon has now asks for nothing
+// else, so the node needs no record of the image's size.
 func (u *userspace) Refresh(ctx context.Context, s session, dev string) (int64, error) {
-	if _, err := qmp(ctx, filepath.Join(u.dir(s.IQN), "qmp.sock"), "block_resize", map[string]any{"node-name": qsdNode, "size": s.SizeBytes}); err != nil {
-		return 0, fmt.Errorf("resize the iSCSI export of %s to %d bytes: %w", s.IQN, s.SizeBytes, err)
+	sock := filepath.Join(u.dir(s.IQN), "qmp.sock")
+	had, err := lunSize(ctx, sock)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := qmp(ctx, sock, "block_resize", map[string]any{"node-name": qsdNode, "size": had}); err != nil {
+		return 0, fmt.Errorf("have the iSCSI export of %s re-read its capacity: %w", s.IQN, err)
+	}
+	size, err := lunSize(ctx, sock)
+	if err != nil {
+		return 0, err
 	}
 	// The loop driver takes the size the kernel has cached for the FUSE
 	// file; a stat makes FUSE ask the daemon again once its attribute
@@ -374,11 +386,11 @@ func (u *userspace) Refresh(ctx context.Context, s session, dev string) (int64, 
 		if err != nil {
 			return 0, err
 		}
-		if st.Size() >= s.SizeBytes {
+		if st.Size() >= size {
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the FUSE export of %s still reports %d bytes, not %d", s.IQN, st.Size(), s.SizeBytes)
+			return 0, fmt.Errorf("the FUSE export of %s still reports %d bytes, not %d", s.IQN, st.Size(), size)
 		}
 		time.Sleep(pollEvery)
 	}
@@ -386,6 +398,30 @@ func (u *userspace) Refresh(ctx context.Context, s session, dev string) (int64, 
 		return 0, err
 	}
 	return u.loops.Size(dev)
+}
+
+// lunSize is the size of the daemon's LUN as qemu has it
+// (query-named-block-nodes: the node's virtual-size).
+func lunSize(ctx context.Context, sock string) (int64, error) {
+	out, err := qmp(ctx, sock, "query-named-block-nodes", map[string]any{"flat": true})
+	if err != nil {
+		return 0, fmt.Errorf("query the iSCSI export's size: %w", err)
+	}
+	var nodes []struct {
+		NodeName string `json:"node-name"`
+		Image    struct {
+			VirtualSize int64 `json:"virtual-size"`
+		} `json:"image"`
+	}
+	if err := json.Unmarshal(out, &nodes); err != nil {
+		return 0, fmt.Errorf("query-named-block-nodes answered %s: %w", out, err)
+	}
+	for _, n := range nodes {
+		if n.NodeName == qsdNode {
+			return n.Image.VirtualSize, nil
+		}
+	}
+	return 0, fmt.Errorf("qemu-storage-daemon has no block node %q (query-named-block-nodes: %s)", qsdNode, out)
 }
 
 // qmp runs one QMP command on a daemon's control socket.
