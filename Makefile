@@ -75,12 +75,15 @@ images:
 demo: deps build
 	$(GO) run ./e2e/cmd/spindle-demo --driver $(BIN)/spindle
 
-# The control path (spindle-bench), then the data path: fio on a published
-# volume against the storage under it, one line per mode and workload
-# (e2e/datapath; DATAPATH picks the backends, SPINDLE_BENCH_FIO_* the jobs).
+# The control path (spindle-bench), RBD snapshots of a volume full of data
+# and of a 10-deep chain (internal/backend/rbd BenchmarkSnapshotRBD), then
+# the data path: fio on a published volume against the storage under it,
+# one line per mode and workload (e2e/datapath; DATAPATH picks the
+# backends, SPINDLE_BENCH_FIO_* the jobs).
 DATAPATH ?= loop iscsi rbd
 bench: deps build
 	$(GO) run ./e2e/cmd/spindle-bench --driver $(BIN)/spindle $(BENCH_ARGS)
+	$(GO) test -count=1 -run '^$$' -bench SnapshotRBD -benchtime 1x -timeout 60m ./internal/backend/rbd/
 	$(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m $(addprefix ./e2e/datapath/,$(DATAPATH))
 
 # Builds (cached), brings the cluster up with the chart (DEPLOY=helm), runs
