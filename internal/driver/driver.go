@@ -214,7 +214,8 @@ func (d *Driver) Run(ctx context.Context) error {
 	csi.RegisterIdentityServer(srv, &identityService{d: d})
 	if d.opts.Mode.Controller() {
 		csi.RegisterControllerServer(srv, &controllerService{d: d})
-		go d.maintain(ctx) // maintain.go
+		csi.RegisterGroupControllerServer(srv, &groupControllerService{d: d}) // groupsnapshots.go
+		go d.maintain(ctx)                                                    // maintain.go
 	}
 	if d.opts.Mode.Node() {
 		csi.RegisterNodeServer(srv, &nodeService{d: d})
