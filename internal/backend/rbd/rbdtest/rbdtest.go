@@ -466,7 +466,7 @@ func (c *Cluster) AwaitStored(ctx context.Context, within time.Duration, ok func
 // PoolUsed is "rbd du" of the pool: the bytes its images and their
 // snapshots hold, computed by the rbd CLI from the objects themselves.
 func (c *Cluster) PoolUsed(ctx context.Context) (int64, error) {
-	out, err := c.RBD(ctx, "du", "--format", "json", c.Pool)
+	out, err := c.RBD(ctx, "du", "--format", "json", "--pool", c.Pool)
 	if err != nil {
 		return 0, err
 	}
