@@ -163,7 +163,7 @@ func (s *Store) admitClone(ctx context.Context, image, snap, what string) (int, 
 	if depth <= s.cfg.HardMaxCloneDepth {
 		return depth, nil
 	}
-	if err := s.flattenInBackground(ctx, image); err != nil {
+	if err := s.flattenInBackground(ctx, s.spec(image)); err != nil {
 		return 0, err
 	}
 	return 0, errdefs.Busy("%s would be a copy-on-write clone %d parents deep, beyond hardMaxCloneDepth %d: %s is being flattened in the background (see `ceph rbd task list`); retry when it is done",
@@ -175,6 +175,6 @@ func (s *Store) admitClone(ctx context.Context, image, snap, what string) (int, 
 // cannot be queued now is queued by Maintain.
 func (s *Store) settleDepth(ctx context.Context, image string, depth int) {
 	if depth > s.cfg.MaxCloneDepth {
-		_ = s.flattenInBackground(ctx, image)
+		_ = s.flattenInBackground(ctx, s.spec(image))
 	}
 }

@@ -186,7 +186,7 @@ func (s *Store) flattenDeepChains(ctx context.Context) ([]string, error) {
 		if depth, err := strconv.Atoi(strings.TrimSpace(string(out))); err != nil || depth <= s.cfg.MaxCloneDepth {
 			continue
 		}
-		if err := s.flattenInBackground(ctx, e.Image); err != nil {
+		if err := s.flattenInBackground(ctx, s.spec(e.Image)); err != nil {
 			errs = append(errs, fmt.Errorf("flatten %s: %w", s.spec(e.Image), err))
 			continue
 		}

@@ -84,13 +84,14 @@ func mgrTasksMissing(err error) bool {
 	return false
 }
 
-// flattenInBackground has image flattened outside any RPC. A flatten of
-// the image that is already queued is not queued twice (the mgr answers
-// with the existing task; this process keys its own by image).
-func (s *Store) flattenInBackground(ctx context.Context, image string) error {
-	return s.inBackground(ctx, backend.TaskFlatten, s.spec(image),
-		[]string{"rbd", "task", "add", "flatten", s.spec(image)},
-		[]string{"flatten", "--no-progress", s.spec(image)})
+// flattenInBackground has the image spec ("pool/image") flattened outside
+// any RPC. A flatten of the image that is already queued is not queued
+// twice (the mgr answers with the existing task; this process keys its
+// own by image).
+func (s *Store) flattenInBackground(ctx context.Context, spec string) error {
+	return s.inBackground(ctx, backend.TaskFlatten, spec,
+		[]string{"rbd", "task", "add", "flatten", spec},
+		[]string{"flatten", "--no-progress", spec})
 }
 
 // removeInBackground has the trashed image id removed for good.

@@ -143,11 +143,8 @@ func (s *Store) unprotect(ctx context.Context, at string) ([]string, error) {
 			busy = append(busy, spec+" (deleted, being removed)")
 			continue
 		}
-		if _, err := s.c.ceph(ctx, "rbd", "task", "add", "flatten", spec, "--format", "json"); err != nil {
-			if !mgrTasksMissing(err) {
-				return nil, fmt.Errorf("flatten %s, a clone of %s: %w", spec, at, err)
-			}
-			s.runLocally(ctx, "flatten", spec, []string{"flatten", "--no-progress", spec})
+		if err := s.flattenInBackground(ctx, spec); err != nil {
+			return nil, fmt.Errorf("flatten %s, a clone of %s: %w", spec, at, err)
 		}
 		busy = append(busy, spec)
 	}
