@@ -104,8 +104,9 @@ for _ in $(seq 1 120); do ceph osd dump 2>/dev/null | grep -q '^osd.0 up' && bre
 ceph osd dump | grep -q '^osd.0 up' || { echo "ceph-up.sh: osd.0 did not come up (see $D/log)" >&2; exit 1; }
 step "osd.0 up"
 
-# Copy-on-write snapshots and clones are of clone format 2 (no snap
-# protect), which needs every client to be Mimic or newer.
+# Spindle's copy-on-write snapshots and clones are of clone format 2,
+# which clients before Mimic cannot open (a fresh Pacific cluster requires
+# Mimic already; said here so it stays true).
 ceph osd set-require-min-compat-client mimic >/dev/null
 step "clients must be mimic or newer (clone format 2)"
 

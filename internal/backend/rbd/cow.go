@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -20,7 +19,9 @@ import (
 //   - a restore is a clone of csi-snap-<hash>@csi-snap;
 //   - a clone of volume V is a clone of a short-lived V@csi-clone-<hash>.
 //
-// Clones are of format 2 (Ceph Mimic and later): no "snap protect", and a
+// Clones are of format 2 (Ceph Mimic and later), asked for explicitly so
+// that the cluster's rbd_default_clone_format ("auto": format 1 unless the
+// cluster requires Mimic clients) does not matter: no "snap protect", and a
 // snapshot removed while it has clones moves to the image's trash
 // namespace, where Ceph removes it itself when its last clone goes. So the
 // short-lived snapshots are removed as soon as the clone exists, and a
@@ -57,7 +58,7 @@ func (s *Store) clone(ctx context.Context, image, snap, tmp, features string, si
 	args := append([]string{"clone"}, cloneFormatArgs...)
 	args = append(args, "--image-feature", features, s.spec(image)+"@"+snap, s.spec(tmp))
 	if _, err := s.c.rbd(ctx, args...); err != nil {
-		return cloneError(err)
+		return err
 	}
 	if size > srcSize {
 		if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), s.spec(tmp)); err != nil {
@@ -65,17 +66,6 @@ func (s *Store) clone(ctx context.Context, image, snap, tmp, features string, si
 		}
 	}
 	return nil
-}
-
-// cloneError explains the one refusal of "rbd clone" that an operator
-// must act on: clone format 2 needs every client of the cluster to be
-// Mimic or newer, and the cluster to require it.
-func cloneError(err error) error {
-	if strings.Contains(command.Stderr(err), "min_compat_client") || strings.Contains(command.Stderr(err), "min compat client") {
-		return errdefs.Wrap(errdefs.ErrPrecondition, err,
-			"copy-on-write snapshots and clones need clone format 2, which this cluster does not allow yet: run `ceph osd set-require-min-compat-client mimic` (every client, krbd included, must be Mimic or newer)")
-	}
-	return err
 }
 
 // cloneOfNow makes tmp a copy-on-write clone of the image src as it is at
