@@ -465,17 +465,62 @@ type rbdWatchers struct {
 	} `json:"watchers"`
 }
 
-// watchers lists the client addresses that have the image open.
+// watchers lists the client addresses that have the image open, but the
+// Ceph manager's own: its rbd_support module opens an image for a moment
+// to run a background task (tasks.go), e.g. to detach a removed clone
+// from its parent; that is no node writing, must not refuse a delete or a
+// stage, and must never be fenced.
 func (s *Store) watchers(ctx context.Context, image string) ([]string, error) {
 	var st rbdWatchers
 	if err := s.c.rbdJSON(ctx, &st, "status", s.spec(image)); err != nil {
 		return nil, err
 	}
+	if len(st.Watchers) == 0 {
+		return nil, nil
+	}
+	mgr, err := s.mgrClients(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var out []string
 	for _, w := range st.Watchers {
-		out = append(out, w.Address)
+		if !mgr[w.Address] {
+			out = append(out, w.Address)
+		}
 	}
 	return out, nil
+}
+
+// mgrDump is the part of "ceph mgr dump --format json" that names the
+// active manager's own clients.
+type mgrDump struct {
+	ActiveClients []struct {
+		Name    string `json:"name"`
+		Addrvec []struct {
+			Addr  string `json:"addr"`
+			Nonce uint64 `json:"nonce"`
+		} `json:"addrvec"`
+	} `json:"active_clients"`
+}
+
+// mgrClients are the addresses of the active manager's clients
+// ("127.0.0.1:0/3634981916", as "rbd status" prints a watcher).
+func (s *Store) mgrClients(ctx context.Context) (map[string]bool, error) {
+	out, err := s.c.ceph(ctx, "mgr", "dump", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var d mgrDump
+	if err := json.Unmarshal(out, &d); err != nil {
+		return nil, fmt.Errorf("ceph mgr dump: cannot parse its JSON output: %w", err)
+	}
+	clients := map[string]bool{}
+	for _, c := range d.ActiveClients {
+		for _, a := range c.Addrvec {
+			clients[a.Addr+"/"+strconv.FormatUint(a.Nonce, 10)] = true
+		}
+	}
+	return clients, nil
 }
 
 // rbdLock is one entry of "rbd lock ls --format json".

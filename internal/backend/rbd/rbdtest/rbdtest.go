@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -273,61 +274,64 @@ func (c *Cluster) Artifacts(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// Wipe removes every image of the pool, whatever state it is in: clones
-// are flattened first, then snapshots unprotected and purged, locks broken.
+// Wipe removes every image of the pool and its trash, whatever state they
+// are in, in passes: each pass breaks locks, unprotects and purges
+// snapshots and removes every image and trash entry that no clone hangs
+// from any more, so clones go before their parents (nothing is flattened:
+// that would copy the data).
 func (c *Cluster) Wipe(ctx context.Context) error {
-	l, err := c.List(ctx)
-	if err != nil {
-		return err
-	}
-	var images []string
-	for _, e := range l {
-		if e.Snapshot == "" {
-			images = append(images, e.Image)
+	stuck := 0
+	for {
+		l, err := c.List(ctx)
+		if err != nil {
+			return err
 		}
-	}
-	for _, img := range images {
-		spec := c.Pool + "/" + img
-		out, err := c.RBD(ctx, "info", "--format", "json", spec)
-		if err == nil && bytes.Contains(out, []byte(`"parent"`)) {
-			if _, err := c.RBD(ctx, "flatten", spec); err != nil {
-				return err
+		trash, err := c.Trash(ctx)
+		if err != nil {
+			return err
+		}
+		var images []string
+		for _, e := range l {
+			if e.Snapshot == "" {
+				images = append(images, e.Image)
+			} else {
+				_, _ = c.RBD(ctx, "snap", "unprotect", c.Pool+"/"+e.Image+"@"+e.Snapshot)
 			}
 		}
-	}
-	for _, e := range l {
-		if e.Snapshot != "" {
-			_, _ = c.RBD(ctx, "snap", "unprotect", c.Pool+"/"+e.Image+"@"+e.Snapshot)
+		if len(images)+len(trash) == 0 {
+			return nil
 		}
-	}
-	for _, img := range images {
-		spec := c.Pool + "/" + img
-		if out, err := c.RBD(ctx, "lock", "ls", "--format", "json", spec); err == nil {
-			var locks []struct{ ID, Locker string }
-			_ = json.Unmarshal(out, &locks)
-			for _, l := range locks {
-				_, _ = c.RBD(ctx, "lock", "rm", spec, l.ID, l.Locker)
+		var errs []error
+		for _, img := range images {
+			spec := c.Pool + "/" + img
+			if out, err := c.RBD(ctx, "lock", "ls", "--format", "json", spec); err == nil {
+				var locks []struct{ ID, Locker string }
+				_ = json.Unmarshal(out, &locks)
+				for _, l := range locks {
+					_, _ = c.RBD(ctx, "lock", "rm", spec, l.ID, l.Locker)
+				}
+			}
+			_, _ = c.RBD(ctx, "snap", "purge", spec)
+			if _, err := c.RBD(ctx, "rm", spec); err != nil {
+				errs = append(errs, err)
 			}
 		}
-		if _, err := c.RBD(ctx, "snap", "purge", spec); err != nil {
-			return err
+		for _, e := range trash {
+			if _, err := c.RBD(ctx, "trash", "rm", "--force", c.Pool+"/"+e.ID); err != nil && !strings.Contains(err.Error(), "No such file") {
+				errs = append(errs, err)
+			}
 		}
-		if _, err := c.RBD(ctx, "rm", spec); err != nil {
-			return err
+		if len(errs) < len(images)+len(trash) {
+			stuck = 0
+			continue
 		}
-	}
-	// The trash last: once their clones are gone, Ceph has removed the
-	// snapshots trashed images kept for them.
-	trash, err := c.Trash(ctx)
-	if err != nil {
-		return err
-	}
-	for _, e := range trash {
-		if _, err := c.RBD(ctx, "trash", "rm", "--force", c.Pool+"/"+e.ID); err != nil && !strings.Contains(err.Error(), "No such file") {
-			return err
+		// No progress: the Ceph manager may be removing a trash entry
+		// right now. Give it a few seconds.
+		if stuck++; stuck > 10 {
+			return errors.Join(errs...)
 		}
+		time.Sleep(time.Second)
 	}
-	return nil
 }
 
 // TrashEntry is one entry of "rbd trash ls".
