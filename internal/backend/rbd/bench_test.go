@@ -26,7 +26,7 @@ func BenchmarkSnapshotRBD(b *testing.B) {
 	cl := rbdtest.Require(b)
 	for range b.N {
 		benchSnapshot(b, cl, 2*GiB)
-		benchChain(b, cl, 512*MiB, 10)
+		benchChain(b, cl, 256*MiB, 10)
 	}
 }
 
