@@ -107,8 +107,9 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 }
 
 // mgrDumpOutput is "ceph mgr dump --format json" of a cluster whose
-// manager's rbd_support module has client 10.0.0.1:0/2511446081.
-const mgrDumpOutput = `{"epoch":9,"active_gid":4113,"active_name":"x","active_addrs":{"addrvec":[{"type":"v2","addr":"10.0.0.1:6800","nonce":1873}]},"active_addr":"10.0.0.1:6800/1873","active_change":"2026-11-26T10:16:01.211470+0000","active_mgr_features":4540138303579357183,"available":true,"standbys":[],"modules":["iostat","restful"],"active_clients":[{"addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":2511446081}]}]}`
+// manager's rbd_support module has client 10.0.0.1:0/2511446081 (its
+// active_clients as Ceph 16.2.15 prints them; the rest shortened).
+const mgrDumpOutput = `{"epoch":9,"active_gid":4113,"active_name":"x","active_addrs":{"addrvec":[{"type":"v2","addr":"10.0.0.1:6800","nonce":1873}]},"active_addr":"10.0.0.1:6800/1873","active_change":"2026-11-26T10:16:01.211470+0000","active_mgr_features":4540138303579357183,"available":true,"standbys":[],"modules":["iostat","restful"],"active_clients":[{"name":"rbd_support","addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":2511446081}]},{"name":"volumes","addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":3149388016}]}]}`
 
 // Another node's client has the image open: no map is attempted, and the
 // error names that client, not the manager's, which has it open too.
