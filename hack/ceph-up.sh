@@ -104,6 +104,12 @@ for _ in $(seq 1 120); do ceph osd dump 2>/dev/null | grep -q '^osd.0 up' && bre
 ceph osd dump | grep -q '^osd.0 up' || { echo "ceph-up.sh: osd.0 did not come up (see $D/log)" >&2; exit 1; }
 step "osd.0 up"
 
+# Spindle's copy-on-write snapshots and clones are of clone format 2,
+# which clients before Mimic cannot open (a fresh Pacific cluster requires
+# Mimic already; said here so it stays true).
+ceph osd set-require-min-compat-client mimic >/dev/null
+step "clients must be mimic or newer (clone format 2)"
+
 for pool in "$@"; do
   ceph osd pool create "$pool" 8 8 >/dev/null 2>&1
   ceph osd pool application enable "$pool" rbd >/dev/null

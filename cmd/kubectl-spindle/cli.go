@@ -134,7 +134,7 @@ path and the mount on each node, as that node's plugin reports them.`,
 			if err != nil {
 				return err
 			}
-			d, err := Describe(cmd.Context(), cl.kube, c.o.driver, cl.namespace, args[0], cl.nodes)
+			d, err := Describe(cmd.Context(), cl.kube, c.o.driver, cl.namespace, args[0], cl.nodes, cl.controller)
 			if err != nil {
 				return err
 			}

@@ -24,6 +24,12 @@ type Description struct {
 	Nodes  []NodeSide `json:"nodes"`
 	Pods   []PodRef   `json:"pods"`
 	Events []Event    `json:"events"`
+	// Background is the controller's background work on the volume's
+	// image (a flatten of a copy-on-write clone), when the controller
+	// was asked; BackgroundError says why it could not be.
+	Background      []opsapi.Task `json:"background,omitempty"`
+	BackgroundError string        `json:"backgroundError,omitempty"`
+	controllerAsked bool
 }
 
 // Claim is the PVC of a volume.
@@ -66,8 +72,9 @@ type Event struct {
 }
 
 // Describe resolves what (a PVC in namespace, a PV name, or a volume
-// handle; "pvc/NAME" and "pv/NAME" say which) and follows the chain.
-func Describe(ctx context.Context, client kubernetes.Interface, driver, namespace, what string, nodes NodePlugins) (*Description, error) {
+// handle; "pvc/NAME" and "pv/NAME" say which) and follows the chain; with
+// a controller, it adds the background work on the volume's image.
+func Describe(ctx context.Context, client kubernetes.Interface, driver, namespace, what string, nodes NodePlugins, controller Controller) (*Description, error) {
 	inv, err := readInventory(ctx, client, driver)
 	if err != nil {
 		return nil, err
@@ -99,7 +106,27 @@ func Describe(ctx context.Context, client kubernetes.Interface, driver, namespac
 	if desc.Events, err = eventsOf(ctx, client, eventNamespaces, involved); err != nil {
 		return nil, err
 	}
+	if controller != nil {
+		desc.controllerAsked = true
+		desc.Background, desc.BackgroundError = backgroundOf(ctx, controller, pv.Spec.CSI.VolumeHandle)
+	}
 	return desc, nil
+}
+
+// backgroundOf is the controller's background work on the volume's image.
+func backgroundOf(ctx context.Context, controller Controller, handle string) ([]opsapi.Task, string) {
+	imgs, err := controller.Images(ctx)
+	if err != nil {
+		return nil, err.Error()
+	}
+	for _, b := range imgs.Backends {
+		for _, img := range b.Images {
+			if img.VolumeID == handle {
+				return img.Tasks, b.TasksError
+			}
+		}
+	}
+	return nil, ""
 }
 
 // claimSummary summarizes the volume's claim; nil without one.
@@ -330,6 +357,27 @@ func printDescription(w io.Writer, d *Description, now time.Time) {
 				fmt.Fprintf(w, "  other device: %s (read-only=%t)\n", dev.Device, dev.ReadOnly)
 			}
 		}
+	}
+	switch {
+	case d.BackgroundError != "":
+		fmt.Fprintf(w, "Background: unknown (%s)\n", oneLine(d.BackgroundError))
+	case len(d.Background) == 0 && d.controllerAsked:
+		fmt.Fprintln(w, "Background: none")
+	}
+	for _, t := range d.Background {
+		state := "queued"
+		if t.InProgress {
+			state = "running"
+		}
+		progress := ""
+		if t.Progress >= 0 {
+			progress = fmt.Sprintf(" %.0f%%", 100*t.Progress)
+		}
+		fmt.Fprintf(w, "Background: %s%s, %s in %s", t.Action, progress, state, t.Runner)
+		if t.Message != "" {
+			fmt.Fprintf(w, " (%s)", oneLine(t.Message))
+		}
+		fmt.Fprintln(w)
 	}
 	if len(d.Pods) == 0 {
 		fmt.Fprintln(w, "Pods:       none")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/spindle-csi/spindle/internal/opsapi"
 )
 
 func event(ns, kind, objNS, name, reason, msg string, at time.Duration) *corev1.Event {
@@ -36,7 +39,7 @@ func TestDescribeFollowsTheChain(t *testing.T) {
 	for _, what := range []string{"data-a", "pvc/data-a", "pv/pvc-a", "pvc-a", handleA} {
 		t.Run(what, func(t *testing.T) {
 			client := fake.NewClientset(describeCluster()...)
-			d, err := Describe(context.Background(), client, testDriver, "apps", what, fakeNodes{"node-1": healthyNode()})
+			d, err := Describe(context.Background(), client, testDriver, "apps", what, fakeNodes{"node-1": healthyNode()}, fakeController{images: healthyImages()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -53,6 +56,7 @@ func TestDescribeFollowsTheChain(t *testing.T) {
 				"  device:       /dev/loop3 (attached)",
 				"  staging path: /var/lib/kubelet/plugins/kubernetes.io/csi/spindle.csi.dev/abc/globalmount",
 				"  mount:        mounted, ext4, read-only=false",
+				"Background: none",
 				"Pod:        apps/web-0 on node-1 (Running)",
 				"persistentvolumeclaim/data-a  ProvisioningSucceeded: Successfully provisioned volume pvc-a",
 				`pod/web-0  SuccessfulAttachVolume: AttachVolume.Attach succeeded for volume "pvc-a"`,
@@ -70,7 +74,7 @@ func TestDescribeFollowsTheChain(t *testing.T) {
 
 func TestDescribeNodePluginDown(t *testing.T) {
 	client := fake.NewClientset(describeCluster()...)
-	d, err := Describe(context.Background(), client, testDriver, "apps", "data-a", fakeNodes{})
+	d, err := Describe(context.Background(), client, testDriver, "apps", "data-a", fakeNodes{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +91,34 @@ func TestDescribeUnknown(t *testing.T) {
 		"pv/pvc-zzz":           `no PersistentVolume "pvc-zzz"`,
 		"svc/x":                "describe takes a PVC",
 	} {
-		if _, err := Describe(context.Background(), client, testDriver, "apps", what, nil); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := Describe(context.Background(), client, testDriver, "apps", what, nil, nil); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Describe(%q) = %v, want an error with %q", what, err, want)
+		}
+	}
+}
+
+// describe shows the controller's background work on the volume's image
+// (a flatten of a deep copy-on-write clone), with its progress, and says
+// when the controller could not be asked.
+func TestDescribeShowsBackgroundWork(t *testing.T) {
+	client := fake.NewClientset(describeCluster()...)
+	imgs := healthyImages()
+	imgs.Backends[0].Images[0].Tasks = []opsapi.Task{{Action: "flatten", Image: "pvc-a", Progress: 0.42, InProgress: true, Runner: "ceph-mgr", Message: "Flattening image kube/csi-vol-1"}}
+	for _, tc := range []struct {
+		controller Controller
+		want       string
+	}{
+		{fakeController{images: imgs}, "Background: flatten 42%, running in ceph-mgr (Flattening image kube/csi-vol-1)\n"},
+		{fakeController{err: errors.New("connection refused")}, "Background: unknown (connection refused)\n"},
+	} {
+		d, err := Describe(context.Background(), client, testDriver, "apps", "data-a", fakeNodes{"node-1": healthyNode()}, tc.controller)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		printDescription(&b, d, now)
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("describe output lacks %q:\n%s", tc.want, b.String())
 		}
 	}
 }

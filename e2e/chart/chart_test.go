@@ -31,6 +31,7 @@ type want struct {
 	ctrlHostNet  bool // the controller pods'
 	liveness     bool
 	snapshotCtl  bool
+	groupSnaps   bool // volumeGroupSnapshots: the sidecars' feature gate
 	nodeLocal    bool
 	capacity     bool
 	poolDirs     []string
@@ -65,6 +66,7 @@ func renderings() []struct {
 			w.kubeletDir, w.pullPolicy, w.apiServer = "/var/tmp/spindle-local-cluster/kubelet", corev1.PullNever, "127.0.0.1:6443"
 			w.registration, w.nodeMode, w.hostNetwork, w.ctrlHostNet, w.liveness, w.snapshotCtl = "driver", "node", true, true, false, true
 			w.poolDirs = []string{"/var/tmp/spindle-local-cluster/pool"}
+			w.groupSnaps = true
 		})},
 		{name: "node-local", files: ex("node-local.yaml"), want: with(func(w *want) {
 			w.nodeLocal, w.capacity, w.poolDirs = true, true, []string{"/var/lib/spindle/pools/local"}
@@ -447,6 +449,17 @@ func checkController(t *testing.T, r *rendering, w want) {
 			return e.Name == "NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace"
 		}) {
 			t.Errorf("%s: --leader-election-namespace=%q without NAMESPACE from the downward API", name, ns)
+		}
+	}
+	if snap := container(t, spec, "csi-snapshotter"); snap != nil {
+		if fg, _ := flag(snap.Args, "feature-gates"); (fg == "CSIVolumeGroupSnapshot=true") != w.groupSnaps {
+			t.Errorf("csi-snapshotter --feature-gates=%q with volumeGroupSnapshots %v", fg, w.groupSnaps)
+		}
+	}
+	if w.snapshotCtl {
+		sc := one[appsv1.Deployment](t, r, "Deployment", "spindle-snapshot-controller").Spec.Template.Spec
+		if fg, _ := flag(sc.Containers[0].Args, "feature-gates"); (fg == "CSIVolumeGroupSnapshot=true") != w.groupSnaps {
+			t.Errorf("snapshot-controller --feature-gates=%q with volumeGroupSnapshots %v", fg, w.groupSnaps)
 		}
 	}
 	prov := container(t, spec, "csi-provisioner")

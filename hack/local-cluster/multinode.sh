@@ -130,6 +130,7 @@ sidecars:
   resizer: {image: {repository: local.test/csi-resizer, tag: v2.3.0}}
   snapshotter: {image: {repository: local.test/csi-snapshotter, tag: v8.7.0}}
   livenessProbe: {enabled: false}
+volumeGroupSnapshots: true
 snapshotController:
   enabled: true
   hostNetwork: true

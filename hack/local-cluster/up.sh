@@ -206,7 +206,8 @@ fi
 mount --make-rshared "$KUBELET_DIR"
 
 kubectl apply -f "$CACHE/crds" >/dev/null
-kubectl wait --for condition=established --timeout=60s crd/volumesnapshots.snapshot.storage.k8s.io >/dev/null
+kubectl wait --for condition=established --timeout=60s crd/volumesnapshots.snapshot.storage.k8s.io \
+  crd/volumegroupsnapshots.groupsnapshot.storage.k8s.io >/dev/null
 registered() { [ "$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="'"$DRIVER_NAME"'")].nodeID}')" = "$NODE" ]; }
 
 if [ "$DEPLOY" = none ]; then
@@ -252,8 +253,8 @@ sidecar=(--csi-address "$CSI_SOCKET" --kubeconfig "$KUBECONFIG")
 start csi-provisioner "$BIN/csi-provisioner" "${sidecar[@]}" --extra-create-metadata --timeout 60s
 start csi-attacher "$BIN/csi-attacher" "${sidecar[@]}" --timeout 60s
 start csi-resizer "$BIN/csi-resizer" "${sidecar[@]}" --timeout 60s
-start csi-snapshotter "$BIN/csi-snapshotter" "${sidecar[@]}" --timeout 60s
-start snapshot-controller "$BIN/snapshot-controller" --kubeconfig "$KUBECONFIG"
+start csi-snapshotter "$BIN/csi-snapshotter" "${sidecar[@]}" --timeout 60s --feature-gates=CSIVolumeGroupSnapshot=true
+start snapshot-controller "$BIN/snapshot-controller" --kubeconfig "$KUBECONFIG" --feature-gates=CSIVolumeGroupSnapshot=true
 
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: storage.k8s.io/v1

@@ -335,6 +335,9 @@ type Instance struct {
 	Attacher Attacher
 	// Snapshots is nil when the store takes no snapshots.
 	Snapshots Snapshotter
+	// GroupSnapshots is nil when the store cannot snapshot several volumes
+	// at one instant.
+	GroupSnapshots GroupSnapshotter
 	// NodeLocal: the instance's images live on the node that runs this
 	// process and are reachable from it only (a pool directory on a local
 	// disk). The driver then reports topology and serves only this node.

@@ -325,6 +325,10 @@ func TestLoadFileRejectsRBD(t *testing.T) {
 			"userID and keyFile go together", "backends[0].rbd.fuseDir",
 		}},
 		{"no monitors", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p}}\n", []string{"backends[0].rbd.monitors", "at least one"}},
+		{"hard clone depth not above the soft one", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], maxCloneDepth: 6, hardMaxCloneDepth: 5}}\n",
+			[]string{"backends[0].rbd.hardMaxCloneDepth", "above maxCloneDepth (6)"}},
+		{"hard clone depth beyond krbd's chain", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], hardMaxCloneDepth: 16}}\n",
+			[]string{"backends[0].rbd.hardMaxCloneDepth", "at most 15"}},
 		{"section of another type", "backends:\n  - {type: loop, name: a, loop: {poolDir: /p}, rbd: {clusterID: c, pool: p, monitors: [m:1]}}\n", []string{"backends[0]", "does not belong to type"}},
 	}
 	for _, tt := range tests {

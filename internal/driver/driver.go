@@ -143,6 +143,9 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 		log:             log,
 		metrics:         metrics.New(),
 	}
+	if opts.Mode.Controller() {
+		d.metrics.SetBackgroundTasks(d.backgroundTasks) // maintain.go
+	}
 	if opts.Mode.Node() {
 		volumes, err := node.New(host, node.Options{
 			NodeID: opts.NodeID, PathRoots: opts.PathRoots(), StageRecordsRoot: opts.StageRecordsRoot(),
@@ -211,6 +214,8 @@ func (d *Driver) Run(ctx context.Context) error {
 	csi.RegisterIdentityServer(srv, &identityService{d: d})
 	if d.opts.Mode.Controller() {
 		csi.RegisterControllerServer(srv, &controllerService{d: d})
+		csi.RegisterGroupControllerServer(srv, &groupControllerService{d: d}) // groupsnapshots.go
+		go d.maintain(ctx)                                                    // maintain.go
 	}
 	if d.opts.Mode.Node() {
 		csi.RegisterNodeServer(srv, &nodeService{d: d})

@@ -25,6 +25,9 @@ func (s *identityService) GetPluginCapabilities(context.Context, *csi.GetPluginC
 	var caps []*csi.PluginCapability
 	if s.d.opts.Mode.Controller() {
 		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE))
+		if s.d.groupSnapshots() {
+			caps = append(caps, service(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE))
+		}
 	}
 	if s.d.hasNodeLocal() {
 		caps = append(caps,

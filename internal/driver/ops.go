@@ -234,6 +234,7 @@ func (d *Driver) Images(ctx context.Context) opsapi.Images {
 			}
 			b.Images = append(b.Images, i)
 		}
+		d.addTasks(ctx, &b)
 		out.Backends = append(out.Backends, b)
 	}
 	return out

@@ -11,6 +11,9 @@
 //	spindle_volumes_staged{backend}                       gauge, stage records on this node
 //	spindle_volumes_attached{backend}                     gauge, volumes with a device on this node
 //	spindle_volume_state_scrape_errors_total              counter, gauges that could not be computed
+//	spindle_background_tasks{backend,action,state}        gauge, a controller's backends' background work (flatten, remove), state running|queued
+//	spindle_background_task_progress_ratio{backend,action,image}  gauge, each task's fraction done (0-1; -1 when its runner does not say)
+//	spindle_background_task_scrape_errors_total           counter, scrapes at which a backend could not list its tasks
 //
 // plus the Go runtime and process collectors.
 package metrics
@@ -43,8 +46,21 @@ type Metrics struct {
 	formats         *prometheus.CounterVec
 	stateErrors     prometheus.Counter
 
+	taskErrors prometheus.Counter
+
 	mu    sync.Mutex
 	state func() (VolumeCounts, error)
+	tasks func() ([]BackgroundTask, error)
+}
+
+// BackgroundTask is one piece of a backend's background work, as a
+// controller reports it.
+type BackgroundTask struct {
+	Backend    string // the backend instance, "rbd/ceph-a"
+	Action     string // flatten, remove
+	Image      string
+	Progress   float64 // 0-1; -1 unknown
+	InProgress bool
 }
 
 // VolumeCounts are the node's volumes by backend instance key ("loop/default").
@@ -80,9 +96,13 @@ func New() *Metrics {
 			Namespace: namespace, Name: "volume_state_scrape_errors_total",
 			Help: "Scrapes at which the staged and attached volume gauges could not be computed.",
 		}),
+		taskErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "background_task_scrape_errors_total",
+			Help: "Scrapes at which a backend could not list its background tasks.",
+		}),
 	}
-	m.Registry.MustRegister(m.rpcDuration, m.rpcErrors, m.commandDuration, m.formats, m.stateErrors,
-		&volumeCollector{m: m},
+	m.Registry.MustRegister(m.rpcDuration, m.rpcErrors, m.commandDuration, m.formats, m.stateErrors, m.taskErrors,
+		&volumeCollector{m: m}, &taskCollector{m: m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -155,4 +175,75 @@ func (c *volumeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	emit(stagedDesc, counts.Staged)
 	emit(attachedDesc, counts.Attached)
+}
+
+// SetBackgroundTasks installs the function the background-task gauges are
+// computed from at every scrape (a controller's; nil on a node plugin).
+// They are read from the backends, which keep their tasks across restarts
+// of the driver, so they cannot drift.
+func (m *Metrics) SetBackgroundTasks(fn func() ([]BackgroundTask, error)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.tasks = fn
+}
+
+// Task states of the spindle_background_tasks gauge.
+const (
+	TaskRunning = "running"
+	TaskQueued  = "queued"
+)
+
+var (
+	tasksDesc = prometheus.NewDesc(namespace+"_background_tasks",
+		"Background work of the controller's backends (flattening a copy-on-write clone, removing a deleted image), by backend instance, action and state (running, queued).",
+		[]string{"backend", "action", "state"}, nil)
+	taskProgressDesc = prometheus.NewDesc(namespace+"_background_task_progress_ratio",
+		"Fraction done of each background task, 0 to 1 (-1 when its runner does not say), by backend instance, action and image.",
+		[]string{"backend", "action", "image"}, nil)
+)
+
+// taskCollector computes the background-task gauges at scrape time.
+type taskCollector struct{ m *Metrics }
+
+func (c *taskCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tasksDesc
+	ch <- taskProgressDesc
+}
+
+func (c *taskCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	fn := c.m.tasks
+	c.m.mu.Unlock()
+	if fn == nil {
+		return
+	}
+	tasks, err := fn()
+	if err != nil {
+		c.m.taskErrors.Inc()
+	}
+	type key struct{ backend, action, state string }
+	counts := map[key]int{}
+	seen := map[[3]string]bool{}
+	for _, t := range tasks {
+		state := TaskQueued
+		if t.InProgress {
+			state = TaskRunning
+		}
+		counts[key{t.Backend, t.Action, state}]++
+		id := [3]string{t.Backend, t.Action, t.Image}
+		if !seen[id] { // one series per task, whatever the backend lists twice
+			seen[id] = true
+			ch <- prometheus.MustNewConstMetric(taskProgressDesc, prometheus.GaugeValue, t.Progress, t.Backend, t.Action, t.Image)
+		}
+	}
+	keys := make([]key, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].backend+keys[i].action+keys[i].state < keys[j].backend+keys[j].action+keys[j].state
+	})
+	for _, k := range keys {
+		ch <- prometheus.MustNewConstMetric(tasksDesc, prometheus.GaugeValue, float64(counts[k]), k.backend, k.action, k.state)
+	}
 }

@@ -104,6 +104,23 @@ type BackendImages struct {
 	Backend string  `json:"backend"`
 	Images  []Image `json:"images"`
 	Error   string  `json:"error,omitempty"`
+	// Tasks is the instance's background work (flattening copy-on-write
+	// clones, removing deleted images), of its volumes and of what is
+	// not a volume (snapshot images, trashed images); TasksError says why
+	// the list is missing.
+	Tasks      []Task `json:"tasks,omitempty"`
+	TasksError string `json:"tasksError,omitempty"`
+}
+
+// Task is one piece of a backend's background work.
+type Task struct {
+	Action     string    `json:"action"` // flatten, remove
+	Image      string    `json:"image"`  // the backend's image name ("pool/csi-vol-…")
+	Progress   float64   `json:"progress"`
+	InProgress bool      `json:"inProgress"`
+	Runner     string    `json:"runner"` // ceph-mgr, driver
+	Message    string    `json:"message,omitempty"`
+	Since      time.Time `json:"since,omitzero"`
 }
 
 // Image is one image of a backend.
@@ -113,4 +130,6 @@ type Image struct {
 	Name          string   `json:"name"` // the CSI name (the PV's name)
 	CapacityBytes int64    `json:"capacityBytes"`
 	PublishedTo   []string `json:"publishedTo,omitempty"` // node IDs
+	// Tasks is the background work on this volume's image.
+	Tasks []Task `json:"tasks,omitempty"`
 }

@@ -3,7 +3,6 @@ package rbd
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,16 +21,27 @@ const (
 	SecretUserKey = "userKey"
 )
 
-// callTimeout bounds every call to the cluster. A stale lock makes
-// "rbd rm" wait forever, and an unreachable monitor makes every client
-// retry for minutes; neither may hang an RPC.
+// callTimeout bounds every call to the cluster made inside an RPC. A stale
+// lock makes "rbd rm" wait forever, and an unreachable monitor makes every
+// client retry for minutes; neither may hang an RPC. Nothing whose length
+// grows with the data (a copy, a flatten, removing a large image) runs under
+// it: that work is copy-on-write, or handed to the cluster's own background
+// tasks (tasks.go).
 const callTimeout = 30 * time.Second
+
+// backgroundCallTimeout bounds one call of background work that the cluster
+// cannot run itself (a flatten or a removal where the mgr's rbd_support
+// module is missing): long enough for any image, short enough that a hung
+// client is eventually killed and the work redone.
+const backgroundCallTimeout = 12 * time.Hour
 
 // cluster runs the rbd and ceph CLIs against one instance's cluster.
 type cluster struct {
 	cfg     Config
 	run     *command.Runner
 	keyRoot string // parent of the per-call key directories ("" = os.TempDir())
+	// callLimit replaces callTimeout when set (tests).
+	callLimit time.Duration
 }
 
 // Prefixes of the private temporary directories calls make under keyRoot:
@@ -159,16 +169,54 @@ func (c *cluster) ceph(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 func (c *cluster) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
+	limit := callTimeout
+	if c.callLimit > 0 {
+		limit = c.callLimit
+	}
+	return c.cliWithin(ctx, limit, name, args...)
+}
+
+// rbdBackground runs rbd for background work, under backgroundCallTimeout
+// rather than the per-call deadline.
+func (c *cluster) rbdBackground(ctx context.Context, args ...string) ([]byte, error) {
+	return c.cliWithin(ctx, backgroundCallTimeout, "rbd", args...)
+}
+
+// cliWithin runs a Ceph CLI for at most limit. A call stopped by that limit
+// is reported as the driver's own deadline, and one stopped by the
+// caller's context (the RPC's deadline, a cancel) as the caller's: neither
+// is the cluster refusing anything.
+func (c *cluster) cliWithin(ctx context.Context, limit time.Duration, name string, args ...string) ([]byte, error) {
 	cred, err := c.credentialsFor(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer cred.cleanup()
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	out, err := c.run.Run(ctx, name, append(args, c.connArgs(cred)...)...)
+	out, err := c.run.Run(callCtx, name, append(args, c.connArgs(cred)...)...)
+	if err != nil && command.ExitCode(err) == -1 && callCtx.Err() != nil {
+		if ctx.Err() != nil {
+			return out, fmt.Errorf("stopped by the request's own deadline or cancellation: %w", err)
+		}
+		return out, &deadlineError{limit: limit, err: err}
+	}
 	return out, classify(err)
 }
+
+// deadlineError is a call the driver stopped at its own per-call limit.
+// It carries no errdefs kind: the driver reports it as DEADLINE_EXCEEDED,
+// and says whose deadline it was.
+type deadlineError struct {
+	limit time.Duration
+	err   error
+}
+
+func (e *deadlineError) Error() string {
+	return fmt.Sprintf("stopped by Spindle's own per-call limit of %s (the rbd backend's bound on one cluster call inside an RPC), not refused by the cluster: %v", e.limit, e.err)
+}
+
+func (e *deadlineError) Unwrap() error { return e.err }
 
 // rbdJSON runs rbd with --format json and decodes its output into v.
 func (c *cluster) rbdJSON(ctx context.Context, v any, args ...string) error {
@@ -184,12 +232,14 @@ func (c *cluster) rbdJSON(ctx context.Context, v any, args ...string) error {
 
 // Exit statuses of the Ceph CLIs: the negated errno of the failure.
 const (
-	exitENOENT    = 2
-	exitEBUSY     = 16
-	exitEEXIST    = 17
-	exitENOSPC    = 28
-	exitENOTEMPTY = 39
-	exitEDQUOT    = 122
+	exitENOENT     = 2
+	exitEBUSY      = 16
+	exitEEXIST     = 17
+	exitEINVAL     = 22
+	exitENOSPC     = 28
+	exitENOTEMPTY  = 39
+	exitEOPNOTSUPP = 95
+	exitEDQUOT     = 122
 )
 
 // classify gives a CLI failure its errdefs kind. The message keeps the
@@ -208,10 +258,6 @@ func classify(err error) error {
 		return errdefs.Wrap(errdefs.ErrAlreadyExists, err, "already exists")
 	case exitENOSPC, exitEDQUOT:
 		return errdefs.Wrap(errdefs.ErrExhausted, err, "the pool is full or over its quota")
-	case -1:
-		if errors.Is(err, context.DeadlineExceeded) {
-			return errdefs.Wrap(errdefs.ErrUnavailable, err, "the Ceph cluster did not answer in time")
-		}
 	}
 	return err
 }

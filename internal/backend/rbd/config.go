@@ -25,7 +25,12 @@ const (
 const (
 	DefaultImageFeatures = "layering"
 	DefaultMaxCloneDepth = 4
-	DefaultFuseDir       = "/run/spindle/rbd-fuse"
+	// DefaultHardMaxCloneDepth is the parent chain a new clone may have
+	// at most (ceph-csi's hard limit); krbd maps at most 16 levels.
+	DefaultHardMaxCloneDepth = 8
+	// maxParentChain is the deepest chain the limits may allow.
+	maxParentChain = 15
+	DefaultFuseDir = "/run/spindle/rbd-fuse"
 )
 
 // Config is one rbd instance of the config file:
@@ -62,9 +67,15 @@ type Config struct {
 	Mounter string `json:"mounter,omitempty"`
 	// MapOptions are passed to "rbd device map -o" (krbd, rbd-nbd).
 	MapOptions string `json:"mapOptions,omitempty"`
-	// MaxCloneDepth: a clone whose parent chain would be deeper than this
-	// is flattened at creation (default 4).
+	// MaxCloneDepth is the soft limit of a copy-on-write chain (default
+	// 4): a new snapshot, restore or clone whose chain of parents is
+	// longer is flattened in the background (Ceph's "rbd task add
+	// flatten"), and is usable meanwhile.
 	MaxCloneDepth int `json:"maxCloneDepth,omitempty"`
+	// HardMaxCloneDepth is the hard limit (default 8): a copy whose chain
+	// would be longer is refused with ABORTED, creating nothing, until the
+	// flatten that shortens it (started then, if none runs) is done.
+	HardMaxCloneDepth int `json:"hardMaxCloneDepth,omitempty"`
 	// MaxProvisionedBytes caps the total size of the instance's images
 	// (0: only the pool's space limits it).
 	MaxProvisionedBytes int64 `json:"maxProvisionedBytes,omitempty"`
@@ -105,6 +116,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxCloneDepth == 0 {
 		c.MaxCloneDepth = DefaultMaxCloneDepth
+	}
+	if c.HardMaxCloneDepth == 0 {
+		c.HardMaxCloneDepth = max(DefaultHardMaxCloneDepth, c.MaxCloneDepth+1)
 	}
 	if c.FuseDir == "" {
 		c.FuseDir = DefaultFuseDir
@@ -158,6 +172,9 @@ func (c Config) Validate(where string) []error {
 	}
 	if c.MaxCloneDepth < 0 || c.MaxCloneDepth > 14 {
 		bad("maxCloneDepth", "%d must be between 1 and 14 (0 means the default %d)", c.MaxCloneDepth, DefaultMaxCloneDepth)
+	}
+	if soft := c.withDefaults().MaxCloneDepth; c.HardMaxCloneDepth != 0 && (c.HardMaxCloneDepth <= soft || c.HardMaxCloneDepth > maxParentChain) {
+		bad("hardMaxCloneDepth", "%d must be above maxCloneDepth (%d) and at most %d (0 means the default %d)", c.HardMaxCloneDepth, soft, maxParentChain, DefaultHardMaxCloneDepth)
 	}
 	if c.MaxProvisionedBytes < 0 {
 		bad("maxProvisionedBytes", "must not be negative")

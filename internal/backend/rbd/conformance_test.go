@@ -61,7 +61,7 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 	}
 }
 
-func imageOf(t *testing.T, cl *rbdtest.Cluster, id string) string {
+func imageOf(t testing.TB, cl *rbdtest.Cluster, id string) string {
 	image, ok := strings.CutPrefix(id, cl.Pool+"/")
 	if !ok {
 		t.Fatalf("image ID %q is not in pool %s", id, cl.Pool)

@@ -10,13 +10,17 @@ import (
 )
 
 // Fencing: the publish to the new node blocklists the lost node's client,
-// then waits until the OSDs have dropped its watch (the second status still
-// shows it: the OSD has not seen the new map yet) before it records the
-// attachment, so the new node's watcher check passes.
+// never the Ceph manager's (which had the image open at that moment for a
+// background task), then waits until the OSDs have dropped the watch (the
+// second status still shows it: the OSD has not seen the new map yet)
+// before it records the attachment, so the new node's watcher check passes.
 func TestFenceWaitsForTheWatchToGo(t *testing.T) {
-	const watched = `{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1}]}`
+	const watched = `{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1},{"address":"10.0.0.1:0/2511446081","client":4120,"cookie":2}]}`
 	status := func() *commandtest.Step {
 		return commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...)
+	}
+	mgrDump := func() *commandtest.Step {
+		return commandtest.Expect("ceph", with("mgr", "dump", "--format", "json")...).Prints(mgrDumpOutput)
 	}
 	script := commandtest.New(t,
 		commandtest.Expect("rbd", with("info", "kube/"+testImage, "--format", "json")...).
@@ -24,8 +28,10 @@ func TestFenceWaitsForTheWatchToGo(t *testing.T) {
 		commandtest.Expect("rbd", with("image-meta", "list", "kube/"+testImage, "--format", "json")...).
 			Prints(`{"spindle.name":"pvc-1","spindle.volume":"{\"accessType\":\"mount\",\"fsType\":\"ext4\"}"}`),
 		status().Prints(watched),
+		mgrDump(),
 		commandtest.Expect("ceph", with("osd", "blocklist", "add", "10.0.0.7:0/3411306950")...),
 		status().Prints(watched),
+		mgrDump(),
 		status().Prints(`{"watchers":[]}`),
 		commandtest.Expect("rbd", with("image-meta", "set", "kube/"+testImage, "spindle.attachments",
 			`[{"nodeID":"node-b","accessMode":"SINGLE_NODE_WRITER","readOnly":false,"since":"0001-01-01T00:00:00Z"}]`)...),

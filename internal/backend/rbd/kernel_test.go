@@ -106,15 +106,25 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 	}
 }
 
-// Another node's client has the image open: no map is attempted.
+// mgrDumpOutput is "ceph mgr dump --format json" of a cluster whose
+// manager's rbd_support module has client 10.0.0.1:0/2511446081 (its
+// active_clients as Ceph 16.2.15 prints them; the rest shortened).
+const mgrDumpOutput = `{"epoch":9,"active_gid":4113,"active_name":"x","active_addrs":{"addrvec":[{"type":"v2","addr":"10.0.0.1:6800","nonce":1873}]},"active_addr":"10.0.0.1:6800/1873","active_change":"2026-11-26T10:16:01.211470+0000","active_mgr_features":4540138303579357183,"available":true,"standbys":[],"modules":["iostat","restful"],"active_clients":[{"name":"rbd_support","addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":2511446081}]},{"name":"volumes","addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":3149388016}]}]}`
+
+// Another node's client has the image open: no map is attempted, and the
+// error names that client, not the manager's, which has it open too.
 func TestAttachRefusesWatchedImage(t *testing.T) {
 	steps := append(published(),
 		commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).
-			Prints(`{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1}]}`),
+			Prints(`{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1},{"address":"10.0.0.1:0/2511446081","client":4120,"cookie":2}]}`),
+		commandtest.Expect("ceph", with("mgr", "dump", "--format", "json")...).Prints(mgrDumpOutput),
 	)
 	inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, steps...))
 	_, err := inst.Attacher.Attach(context.Background(), attachReq())
 	testutil.WantKind(t, err, errdefs.ErrPrecondition, "10.0.0.7:0/3411306950", "watchers")
+	if strings.Contains(err.Error(), "2511446081") {
+		t.Fatalf("the refusal names the manager's own client: %v", err)
+	}
 }
 
 // writeKRBD fakes /sys/bus/rbd/devices/<id> for pool/name.

@@ -13,11 +13,14 @@ import (
 )
 
 // A CSI snapshot is an image of its own, "csi-snap-<hash of the CSI
-// name>": a flattened copy ("rbd cp") of a short-lived RBD snapshot of the
-// source, so it is of one instant and depends on nothing, and the source
-// volume can be deleted while the snapshot lives. The copy carries one
-// protected RBD snapshot, "csi-snap", that volumes restored from it are
-// copy-on-write clones of; deleting the CSI snapshot flattens them first.
+// name>": a copy-on-write clone of a short-lived RBD snapshot of the source
+// (cow.go), so it is of one instant, costs nothing when taken whatever the
+// size of the volume, and is ready at once. It carries one RBD snapshot,
+// "csi-snap", that restored volumes are clones of. The source volume can be
+// deleted while the snapshot lives: it goes to the pool's trash until its
+// last clone is gone (trash.go). Snapshots made by earlier versions are
+// full copies with a protected "csi-snap"; they are read, restored and
+// deleted the same way.
 
 // CreateSnapshot implements backend.Snapshotter.
 func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (*backend.Snapshot, error) {
@@ -46,25 +49,27 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	if err := s.checkRoom(ctx, src.CapacityBytes); err != nil {
 		return nil, err
 	}
+	depth, err := s.admitClone(ctx, srcInfo.Name, "", fmt.Sprintf("snapshot %q of volume %s", spec.Name, src.ID))
+	if err != nil {
+		return nil, err
+	}
 	rec := snapshotRecord{
 		SourceImageID: src.ID, SizeBytes: src.CapacityBytes, CreatedAt: time.Now().UTC().Truncate(time.Second),
 		AccessType: src.AccessType, FsType: src.FsType, Formatted: src.Formatted,
 	}
 	build := func(tmp string) error {
-		at := s.spec(srcInfo.Name) + "@" + copySnapPrefix + strings.TrimPrefix(image, snapPrefix)
-		if _, err := s.c.rbd(ctx, "snap", "create", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+		snap := copySnapPrefix + strings.TrimPrefix(image, snapPrefix)
+		if err := s.cloneOfNow(ctx, srcInfo, snap, tmp, s.snapshotImageFeatures(), src.CapacityBytes); err != nil {
 			return err
 		}
-		defer func() { _, _ = s.c.rbd(context.WithoutCancel(ctx), "snap", "rm", "--no-progress", at) }()
-		if _, err := s.c.rbd(ctx, "cp", "--no-progress", "--image-feature", s.cfg.ImageFeatures, at, s.spec(tmp)); err != nil {
-			return err
-		}
-		return s.protectedSnapshot(ctx, tmp, snapshotSnap)
+		_, err := s.c.rbd(ctx, "snap", "create", "--no-progress", s.spec(tmp)+"@"+snapshotSnap)
+		return err
 	}
-	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec)}
+	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec), metaDepth: depthValue(depth)}
 	if err := s.buildAndRename(ctx, image, true, build, meta); err != nil {
 		return nil, err
 	}
+	s.settleDepth(ctx, image, depth)
 	return s.GetSnapshot(ctx, id)
 }
 
@@ -119,7 +124,8 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*backend.Snapshot, error) 
 }
 
 // DeleteSnapshot implements backend.Snapshotter. Volumes restored from the
-// snapshot are flattened first, so they keep their data.
+// snapshot keep their data: the snapshot image waits in the trash until
+// they are gone (trash.go).
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	image, err := s.imageOf(id, snapPrefix, "snapshot")
 	if err != nil {

@@ -25,17 +25,18 @@ import (
 // is kept in the image's metadata.
 const (
 	volumePrefix = "csi-vol-"  // a volume
-	snapPrefix   = "csi-snap-" // a CSI snapshot: a flattened copy of its source
+	snapPrefix   = "csi-snap-" // a CSI snapshot: a copy-on-write clone of its source (cow.go)
 	tmpPrefix    = "csi-tmp-"  // an image being built; renamed when complete
-	// snapshotSnap is the protected RBD snapshot of a snapshot image that
-	// restored volumes are cloned from.
+	// snapshotSnap is the RBD snapshot of a snapshot image that restored
+	// volumes are cloned from (protected on the full copies that earlier
+	// versions made).
 	snapshotSnap = "csi-snap"
-	// cloneSnapPrefix names the protected RBD snapshot on a source volume
-	// that one clone of it hangs from; it goes when the clone is flattened
-	// or deleted.
+	// cloneSnapPrefix names the short-lived RBD snapshot on a source
+	// volume that a clone of it is made from. (Earlier versions kept it,
+	// protected, while the clone lived.)
 	cloneSnapPrefix = "csi-clone-"
-	// copySnapPrefix names the short-lived RBD snapshot a CSI snapshot is
-	// copied from, so the copy is of one instant.
+	// copySnapPrefix names the short-lived RBD snapshot on a source volume
+	// that a CSI snapshot is cloned from.
 	copySnapPrefix = "csi-copy-"
 )
 
@@ -47,11 +48,12 @@ const (
 	metaMutable     = "spindle.mutable"     // JSON mutable parameters
 	metaAttachments = "spindle.attachments" // JSON []backend.Attachment
 	metaSnapshot    = "spindle.snapshot"    // JSON snapshotRecord (snapshot images)
+	metaDepth       = "spindle.depth"       // copy-on-write parents when made (clones, cow.go)
 )
 
 // volumeMetaKeys are the keys a volume image may carry; a copy or clone
 // inherits its source's, so a new image sets or removes each of them.
-var volumeMetaKeys = []string{metaName, metaVolume, metaFormatted, metaMutable, metaAttachments, metaSnapshot}
+var volumeMetaKeys = []string{metaName, metaVolume, metaFormatted, metaMutable, metaAttachments, metaSnapshot, metaDepth}
 
 // volumeRecord is what a volume image keeps of its CreateVolume request.
 type volumeRecord struct {
@@ -96,6 +98,8 @@ type Store struct {
 	limitMu sync.Mutex // held while counting a limited node's volumes and publishing
 	// now is the clock Sweep judges ages by (nil: time.Now); tests set it.
 	now func() time.Time
+	// bg tracks background work (tasks.go).
+	bg background
 }
 
 // ImageID returns the image ID a volume of that CSI name gets.
@@ -123,16 +127,24 @@ func (s *Store) imageOf(id, prefix, what string) (string, error) {
 // rbdImage is "rbd info --format json".
 type rbdImage struct {
 	Name          string   `json:"name"`
+	ID            string   `json:"id"`
 	Size          int64    `json:"size"`
 	Features      []string `json:"features"`
 	SnapshotCount int      `json:"snapshot_count"`
 	// CreateTimestamp is ctime(3) in the rbd process's time zone.
-	CreateTimestamp string `json:"create_timestamp"`
-	Parent          *struct {
-		Pool     string `json:"pool"`
-		Image    string `json:"image"`
-		Snapshot string `json:"snapshot"`
-	} `json:"parent,omitempty"`
+	CreateTimestamp string     `json:"create_timestamp"`
+	Parent          *rbdParent `json:"parent,omitempty"`
+}
+
+// rbdParent is the "parent" of "rbd info --format json": the image and
+// snapshot a clone hangs from. A parent that was deleted while it had
+// clones is in the trash: it has no name to open it by, only its ID.
+type rbdParent struct {
+	Pool     string `json:"pool"`
+	Image    string `json:"image"`
+	ID       string `json:"id"`
+	Snapshot string `json:"snapshot"`
+	Trash    bool   `json:"trash"`
 }
 
 // read returns an image's info and metadata.
@@ -259,6 +271,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC()}
 	formatted := ""
 	var build func(tmp string) error
+	depth := 0 // copy-on-write parents of the new image
 	switch {
 	case spec.Source == nil:
 		build = func(tmp string) error {
@@ -278,8 +291,11 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			formatted = snap.FsType
 		}
 		snapImage, _ := s.imageOf(snap.ID, snapPrefix, "snapshot")
+		if depth, err = s.admitClone(ctx, snapImage, snapshotSnap, fmt.Sprintf("volume %q restored from snapshot %s", spec.Name, snap.ID)); err != nil {
+			return nil, err
+		}
 		build = func(tmp string) error {
-			return s.clone(ctx, snapImage, snapshotSnap, tmp, spec.CapacityBytes, snap.SizeBytes)
+			return s.clone(ctx, snapImage, snapshotSnap, tmp, s.cfg.ImageFeatures, spec.CapacityBytes, snap.SizeBytes)
 		}
 	default:
 		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
@@ -293,20 +309,36 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if src.Formatted {
 			formatted = src.FsType
 		}
-		build = func(tmp string) error { return s.cloneVolume(ctx, srcInfo, image, tmp, spec.CapacityBytes) }
+		if depth, err = s.admitClone(ctx, srcInfo.Name, "", fmt.Sprintf("volume %q cloned from volume %s", spec.Name, src.ID)); err != nil {
+			return nil, err
+		}
+		snap := cloneSnapPrefix + strings.TrimPrefix(image, volumePrefix)
+		build = func(tmp string) error {
+			return s.cloneOfNow(ctx, srcInfo, snap, tmp, s.cfg.ImageFeatures, spec.CapacityBytes)
+		}
 	}
 	if err := s.checkRoom(ctx, spec.CapacityBytes); err != nil {
 		return nil, err
 	}
-	meta := map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec), metaFormatted: formatted}
+	meta := map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec), metaFormatted: formatted, metaDepth: depthValue(depth)}
 	if len(spec.MutableParameters) > 0 {
 		meta[metaMutable] = mustJSON(spec.MutableParameters)
 	}
 	if err := s.buildAndRename(ctx, image, spec.Source != nil, build, meta); err != nil {
 		return nil, err
 	}
+	s.settleDepth(ctx, image, depth)
 	img, _, err := s.getImage(ctx, id)
 	return img, err
+}
+
+// depthValue is the spindle.depth metadata of a new image ("" for none:
+// an image that is no clone).
+func depthValue(depth int) string {
+	if depth == 0 {
+		return ""
+	}
+	return strconv.Itoa(depth)
 }
 
 // buildAndRename runs build on a fresh temporary name, writes meta (and,
@@ -351,12 +383,10 @@ func tmpName(image string) string {
 	return tmpPrefix + strings.TrimPrefix(strings.TrimPrefix(image, volumePrefix), snapPrefix)[:16] + "-" + hex.EncodeToString(b)
 }
 
-// removeTemporary removes a half-built image; failures are left for an
-// operator (the name says what it is).
-func (s *Store) removeTemporary(ctx context.Context, tmp string) {
-	_ = s.purgeOwnedSnapshots(ctx, tmp)
-	_, _ = s.c.rbd(ctx, "rm", "--no-progress", s.spec(tmp))
-}
+// removeTemporary removes a half-built image before the failed call
+// answers; what it cannot remove (the cluster is gone) Sweep removes at
+// the next controller start, the name says what it is.
+func (s *Store) removeTemporary(ctx context.Context, tmp string) { _ = s.removeNow(ctx, tmp) }
 
 // copyFits checks a copy's request against its source.
 func copyFits(spec backend.VolumeSpec, at backend.AccessType, fsType string, size int64, source string) error {
@@ -421,130 +451,11 @@ func sameSource(a, b *backend.ContentSource) bool {
 // bytesArg is a size argument in bytes for rbd ("4194304B").
 func bytesArg(n int64) string { return strconv.FormatInt(n, 10) + "B" }
 
-// clone makes tmp a copy-on-write clone of image@snap, grown to size.
-func (s *Store) clone(ctx context.Context, image, snap, tmp string, size, srcSize int64) error {
-	if _, err := s.c.rbd(ctx, "clone", "--image-feature", s.cfg.ImageFeatures, s.spec(image)+"@"+snap, s.spec(tmp)); err != nil {
-		return err
-	}
-	if size > srcSize {
-		if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), s.spec(tmp)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// cloneVolume makes tmp a clone of the volume src at this instant: a
-// protected snapshot on src named for the new volume, a copy-on-write
-// clone of it, flattened at once when the parent chain would be deeper
-// than MaxCloneDepth (the snapshot then goes again).
-func (s *Store) cloneVolume(ctx context.Context, src *rbdImage, image, tmp string, size int64) (err error) {
-	snap := cloneSnapPrefix + strings.TrimPrefix(image, volumePrefix)
-	if err := s.protectedSnapshot(ctx, src.Name, snap); err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			s.dropSnapshot(context.WithoutCancel(ctx), src.Name, snap)
-		}
-	}()
-	if err := s.clone(ctx, src.Name, snap, tmp, size, src.Size); err != nil {
-		return err
-	}
-	depth, err := s.depth(ctx, src)
-	if err != nil {
-		return err
-	}
-	if depth+1 > s.cfg.MaxCloneDepth {
-		if _, err := s.c.rbd(ctx, "flatten", "--no-progress", s.spec(tmp)); err != nil {
-			return err
-		}
-		s.dropSnapshot(ctx, src.Name, snap)
-	}
-	return nil
-}
-
-// protectedSnapshot creates and protects image@snap; one left by an
-// earlier attempt is reused.
-func (s *Store) protectedSnapshot(ctx context.Context, image, snap string) error {
-	_, err := s.c.rbd(ctx, "snap", "create", "--no-progress", s.spec(image)+"@"+snap)
-	if err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
-		return err
-	}
-	_, err = s.c.rbd(ctx, "snap", "protect", s.spec(image)+"@"+snap)
-	if err != nil && !strings.Contains(err.Error(), "already protected") {
-		return err
-	}
-	return nil
-}
-
-// depth counts the parents above img.
-func (s *Store) depth(ctx context.Context, img *rbdImage) (int, error) {
-	n := 0
-	for p := img.Parent; p != nil && n <= s.cfg.MaxCloneDepth; n++ {
-		var parent rbdImage
-		if err := s.c.rbdJSON(ctx, &parent, "info", p.Pool+"/"+p.Image); err != nil {
-			return 0, err
-		}
-		p = parent.Parent
-	}
-	return n, nil
-}
-
-// dropSnapshot removes image@snap if nothing hangs from it any more;
-// best effort: a snapshot still in use stays.
-func (s *Store) dropSnapshot(ctx context.Context, image, snap string) {
-	if _, err := s.c.rbd(ctx, "snap", "unprotect", s.spec(image)+"@"+snap); err != nil && !strings.Contains(err.Error(), "not protected") {
-		return
-	}
-	_, _ = s.c.rbd(ctx, "snap", "rm", "--no-progress", s.spec(image)+"@"+snap)
-}
-
 // rbdSnap is one entry of "rbd snap ls --format json".
 type rbdSnap struct {
+	ID        int64  `json:"id"`
 	Name      string `json:"name"`
 	Protected string `json:"protected"`
-}
-
-// rbdChild is one entry of "rbd children --format json".
-type rbdChild struct {
-	Pool  string `json:"pool"`
-	Image string `json:"image"`
-}
-
-// purgeOwnedSnapshots removes the image's snapshots, all of which must be
-// Spindle's: clones hanging from them are flattened first, so that they
-// outlive their source. A snapshot somebody else took is a precondition
-// failure: it is not ours to delete.
-func (s *Store) purgeOwnedSnapshots(ctx context.Context, image string) error {
-	var snaps []rbdSnap
-	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
-		return err
-	}
-	for _, sn := range snaps {
-		if !strings.HasPrefix(sn.Name, cloneSnapPrefix) && !strings.HasPrefix(sn.Name, copySnapPrefix) && sn.Name != snapshotSnap {
-			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", s.spec(image), sn.Name)
-		}
-		at := s.spec(image) + "@" + sn.Name
-		if sn.Protected == "true" {
-			var children []rbdChild
-			if err := s.c.rbdJSON(ctx, &children, "children", at); err != nil {
-				return err
-			}
-			for _, ch := range children {
-				if _, err := s.c.rbd(ctx, "flatten", "--no-progress", ch.Pool+"/"+ch.Image); err != nil {
-					return fmt.Errorf("flatten %s/%s, a clone of %s: %w", ch.Pool, ch.Image, at, err)
-				}
-			}
-			if _, err := s.c.rbd(ctx, "snap", "unprotect", at); err != nil {
-				return err
-			}
-		}
-		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // rbdWatchers is "rbd status --format json".
@@ -554,17 +465,62 @@ type rbdWatchers struct {
 	} `json:"watchers"`
 }
 
-// watchers lists the client addresses that have the image open.
+// watchers lists the client addresses that have the image open, but the
+// Ceph manager's own: its rbd_support module opens an image for a moment
+// to run a background task (tasks.go), e.g. to detach a removed clone
+// from its parent; that is no node writing, must not refuse a delete or a
+// stage, and must never be fenced.
 func (s *Store) watchers(ctx context.Context, image string) ([]string, error) {
 	var st rbdWatchers
 	if err := s.c.rbdJSON(ctx, &st, "status", s.spec(image)); err != nil {
 		return nil, err
 	}
+	if len(st.Watchers) == 0 {
+		return nil, nil
+	}
+	mgr, err := s.mgrClients(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var out []string
 	for _, w := range st.Watchers {
-		out = append(out, w.Address)
+		if !mgr[w.Address] {
+			out = append(out, w.Address)
+		}
 	}
 	return out, nil
+}
+
+// mgrDump is the part of "ceph mgr dump --format json" that names the
+// active manager's own clients.
+type mgrDump struct {
+	ActiveClients []struct {
+		Name    string `json:"name"`
+		Addrvec []struct {
+			Addr  string `json:"addr"`
+			Nonce uint64 `json:"nonce"`
+		} `json:"addrvec"`
+	} `json:"active_clients"`
+}
+
+// mgrClients are the addresses of the active manager's clients
+// ("127.0.0.1:0/3634981916", as "rbd status" prints a watcher).
+func (s *Store) mgrClients(ctx context.Context) (map[string]bool, error) {
+	out, err := s.c.ceph(ctx, "mgr", "dump", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var d mgrDump
+	if err := json.Unmarshal(out, &d); err != nil {
+		return nil, fmt.Errorf("ceph mgr dump: cannot parse its JSON output: %w", err)
+	}
+	clients := map[string]bool{}
+	for _, c := range d.ActiveClients {
+		for _, a := range c.Addrvec {
+			clients[a.Addr+"/"+strconv.FormatUint(a.Nonce, 10)] = true
+		}
+	}
+	return clients, nil
 }
 
 // rbdLock is one entry of "rbd lock ls --format json".
@@ -612,36 +568,13 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	return s.remove(ctx, image, info)
 }
 
-// remove deletes an unpublished image: no watchers, locks broken, owned
-// snapshots purged, and afterwards the clone snapshot it hung from.
-func (s *Store) remove(ctx context.Context, image string, info *rbdImage) error {
-	w, err := s.watchers(ctx, image)
-	if err != nil {
-		return err
-	}
-	if len(w) > 0 {
-		return errdefs.Precondition("image %s still has watchers %s: a node still has it mapped (or a client died less than 30 s ago)", s.spec(image), strings.Join(w, ", "))
-	}
-	if err := s.removeLocks(ctx, image); err != nil {
-		return err
-	}
-	if err := s.purgeOwnedSnapshots(ctx, image); err != nil {
-		return err
-	}
-	if _, err := s.c.rbd(ctx, "rm", "--no-progress", s.spec(image)); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
-		return err
-	}
-	if p := info.Parent; p != nil && p.Pool == s.cfg.Pool && strings.HasPrefix(p.Snapshot, cloneSnapPrefix) {
-		s.dropSnapshot(ctx, p.Image, p.Snapshot)
-	}
-	return nil
-}
-
 // rbdListed is one entry of "rbd ls -l --format json".
 type rbdListed struct {
-	Image    string `json:"image"`
-	Size     int64  `json:"size"`
-	Snapshot string `json:"snapshot,omitempty"`
+	Image     string     `json:"image"`
+	Size      int64      `json:"size"`
+	Snapshot  string     `json:"snapshot,omitempty"`
+	Protected string     `json:"protected,omitempty"` // "true" for a protected snapshot
+	Parent    *rbdParent `json:"parent,omitempty"`
 }
 
 // listImages lists the pool's images (no snapshots).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,7 +101,7 @@ func (s *Store) sweepTemporary(ctx context.Context, image string, now time.Time)
 	if now.Sub(at) < LeftoverAge {
 		return false, nil
 	}
-	if err := s.remove(ctx, image, &info); err != nil {
+	if err := s.removeNow(ctx, image); err != nil {
 		return false, fmt.Errorf("remove temporary image %s, created %s: %w", s.spec(image), at.Format(time.RFC3339), err)
 	}
 	return true, nil
@@ -140,8 +141,61 @@ func (s *Store) sweepCopySnapshots(ctx context.Context, image string, now time.T
 	return removed, errors.Join(errs...)
 }
 
-// Reconcile implements backend.Reconciler: a controller sweeps the pool
+// Reconcile implements backend.Reconciler: a controller maintains the pool
 // when it opens the instance.
-func (s *Store) Reconcile(ctx context.Context) ([]string, error) { return s.Sweep(ctx) }
+func (s *Store) Reconcile(ctx context.Context) ([]string, error) { return s.Maintain(ctx) }
 
-var _ backend.Reconciler = (*Store)(nil)
+// Maintain implements backend.Maintainer, with the instance's own identity:
+// it sweeps crash leftovers (Sweep), queues the removal of trashed images
+// no clone needs any more (purgeTrash), and queues the flatten of every
+// clone deeper than MaxCloneDepth that is not flattened yet (after a
+// controller restart, or when the first attempt failed). It returns what
+// it did, for the log.
+func (s *Store) Maintain(ctx context.Context) ([]string, error) {
+	swept, err := s.Sweep(ctx)
+	if errdefs.KindOf(err) == errdefs.ErrPrecondition {
+		return nil, err // no identity of its own: nothing else can run either
+	}
+	purged, perr := s.purgeTrash(ctx)
+	flattening, ferr := s.flattenDeepChains(ctx)
+	return append(append(swept, purged...), flattening...), errors.Join(err, perr, ferr)
+}
+
+// flattenDeepChains queues the flatten of every clone whose recorded depth
+// is beyond MaxCloneDepth and that still has a parent. A flatten already
+// queued is not queued twice.
+func (s *Store) flattenDeepChains(ctx context.Context) ([]string, error) {
+	var all []rbdListed
+	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+		return nil, err
+	}
+	var queued []string
+	var errs []error
+	for _, e := range all {
+		if e.Snapshot != "" || e.Parent == nil || !(strings.HasPrefix(e.Image, volumePrefix) || strings.HasPrefix(e.Image, snapPrefix)) {
+			continue
+		}
+		out, err := s.c.rbd(ctx, "image-meta", "get", s.spec(e.Image), metaDepth)
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if depth, err := strconv.Atoi(strings.TrimSpace(string(out))); err != nil || depth <= s.cfg.MaxCloneDepth {
+			continue
+		}
+		if err := s.flattenInBackground(ctx, s.spec(e.Image)); err != nil {
+			errs = append(errs, fmt.Errorf("flatten %s: %w", s.spec(e.Image), err))
+			continue
+		}
+		queued = append(queued, "flattening "+s.spec(e.Image)+" in the background")
+	}
+	return queued, errors.Join(errs...)
+}
+
+var (
+	_ backend.Reconciler = (*Store)(nil)
+	_ backend.Maintainer = (*Store)(nil)
+)

@@ -11,8 +11,14 @@ package rbdtest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +31,11 @@ import (
 
 // Pool is the pool every test cluster has.
 const Pool = "spindle-test"
+
+// OSDBytes is the size of the test cluster's memstore OSD: room for the
+// GiBs of real data the snapshot tests write (memstore holds only what is
+// written, in memory), under Ceph's full ratio of 95 %.
+const OSDBytes = 6 << 30
 
 // Cluster is the running test cluster.
 type Cluster struct {
@@ -150,7 +161,7 @@ func start() (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(c.HackDir, "ceph-up.sh"), c.Dir, c.Pool)
-	cmd.Env = append(os.Environ(), "MON_PORT="+strconv.Itoa(v2), "MON_V1_PORT="+strconv.Itoa(v1), "LC_ALL=C")
+	cmd.Env = append(os.Environ(), "MON_PORT="+strconv.Itoa(v2), "MON_V1_PORT="+strconv.Itoa(v1), "OSD_BYTES="+strconv.FormatInt(OSDBytes, 10), "LC_ALL=C")
 	t0 := time.Now()
 	out, err := cmd.CombinedOutput()
 	c.StartUp = time.Since(t0)
@@ -263,50 +274,213 @@ func (c *Cluster) Artifacts(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// Wipe removes every image of the pool, whatever state it is in: clones
-// are flattened first, then snapshots unprotected and purged, locks broken.
+// Wipe removes every image of the pool and its trash, whatever state they
+// are in, in passes: each pass breaks locks, unprotects and purges
+// snapshots and removes every image and trash entry that no clone hangs
+// from any more, so clones go before their parents (nothing is flattened:
+// that would copy the data).
 func (c *Cluster) Wipe(ctx context.Context) error {
+	stuck := 0
+	for {
+		l, err := c.List(ctx)
+		if err != nil {
+			return err
+		}
+		trash, err := c.Trash(ctx)
+		if err != nil {
+			return err
+		}
+		var images []string
+		for _, e := range l {
+			if e.Snapshot == "" {
+				images = append(images, e.Image)
+			} else {
+				_, _ = c.RBD(ctx, "snap", "unprotect", c.Pool+"/"+e.Image+"@"+e.Snapshot)
+			}
+		}
+		if len(images)+len(trash) == 0 {
+			return nil
+		}
+		var errs []error
+		for _, img := range images {
+			spec := c.Pool + "/" + img
+			if out, err := c.RBD(ctx, "lock", "ls", "--format", "json", spec); err == nil {
+				var locks []struct{ ID, Locker string }
+				_ = json.Unmarshal(out, &locks)
+				for _, l := range locks {
+					_, _ = c.RBD(ctx, "lock", "rm", spec, l.ID, l.Locker)
+				}
+			}
+			_, _ = c.RBD(ctx, "snap", "purge", spec)
+			if _, err := c.RBD(ctx, "rm", spec); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, e := range trash {
+			if _, err := c.RBD(ctx, "trash", "rm", "--force", c.Pool+"/"+e.ID); err != nil && !strings.Contains(err.Error(), "No such file") {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) < len(images)+len(trash) {
+			stuck = 0
+			continue
+		}
+		// No progress: the Ceph manager may be removing a trash entry
+		// right now. Give it a few seconds.
+		if stuck++; stuck > 10 {
+			return errors.Join(errs...)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// TrashEntry is one entry of "rbd trash ls".
+type TrashEntry struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// Trash lists the pool's trash.
+func (c *Cluster) Trash(ctx context.Context) ([]TrashEntry, error) {
+	out, err := c.RBD(ctx, "trash", "ls", "--format", "json", c.Pool)
+	if err != nil {
+		return nil, err
+	}
+	var l []TrashEntry
+	return l, json.Unmarshal(out, &l)
+}
+
+// Everything lists every image of the pool with all its snapshots, in any
+// namespace ("image@snap", "image@<trash>original-name"), and every trash
+// entry ("trash:name"): what a pool that Spindle emptied must not hold.
+func (c *Cluster) Everything(ctx context.Context) ([]string, error) {
 	l, err := c.List(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var images []string
-	for _, e := range l {
-		if e.Snapshot == "" {
-			images = append(images, e.Image)
-		}
-	}
-	for _, img := range images {
-		spec := c.Pool + "/" + img
-		out, err := c.RBD(ctx, "info", "--format", "json", spec)
-		if err == nil && bytes.Contains(out, []byte(`"parent"`)) {
-			if _, err := c.RBD(ctx, "flatten", spec); err != nil {
-				return err
-			}
-		}
-	}
+	var out []string
 	for _, e := range l {
 		if e.Snapshot != "" {
-			_, _ = c.RBD(ctx, "snap", "unprotect", c.Pool+"/"+e.Image+"@"+e.Snapshot)
+			continue
+		}
+		out = append(out, e.Image)
+		snaps, err := c.allSnapshots(ctx, "--image", e.Image)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range snaps {
+			out = append(out, e.Image+"@"+s)
 		}
 	}
-	for _, img := range images {
-		spec := c.Pool + "/" + img
-		if out, err := c.RBD(ctx, "lock", "ls", "--format", "json", spec); err == nil {
-			var locks []struct{ ID, Locker string }
-			_ = json.Unmarshal(out, &locks)
-			for _, l := range locks {
-				_, _ = c.RBD(ctx, "lock", "rm", spec, l.ID, l.Locker)
-			}
+	trash, err := c.Trash(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range trash {
+		out = append(out, "trash:"+e.Name)
+		snaps, err := c.allSnapshots(ctx, "--image-id", e.ID)
+		if err != nil {
+			return nil, err
 		}
-		if _, err := c.RBD(ctx, "snap", "purge", spec); err != nil {
-			return err
-		}
-		if _, err := c.RBD(ctx, "rm", spec); err != nil {
-			return err
+		for _, s := range snaps {
+			out = append(out, "trash:"+e.Name+"@"+s)
 		}
 	}
-	return nil
+	return out, nil
+}
+
+// allSnapshots lists an image's snapshots in every namespace.
+func (c *Cluster) allSnapshots(ctx context.Context, which, image string) ([]string, error) {
+	out, err := c.RBD(ctx, "snap", "ls", "--all", "--format", "json", "--pool", c.Pool, which, image)
+	if err != nil {
+		if strings.Contains(err.Error(), "No such file") {
+			return nil, nil // removed meanwhile
+		}
+		return nil, err
+	}
+	var snaps []struct {
+		Name      string `json:"name"`
+		Namespace struct {
+			Type         string `json:"type"`
+			OriginalName string `json:"original_name"`
+		} `json:"namespace"`
+	}
+	if err := json.Unmarshal(out, &snaps); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, s := range snaps {
+		switch s.Namespace.Type {
+		case "", "user":
+			names = append(names, s.Name)
+		case "trash":
+			names = append(names, "<trash>"+s.Namespace.OriginalName)
+		default:
+			names = append(names, "<"+s.Namespace.Type+">"+s.Name)
+		}
+	}
+	return names, nil
+}
+
+// PoolStored is the pool's "stored" bytes in "ceph df" (user data, before
+// replication), as the mgr last heard from the OSD.
+func (c *Cluster) PoolStored(ctx context.Context) (int64, error) {
+	out, err := c.Ceph(ctx, "df", "--format", "json")
+	if err != nil {
+		return 0, err
+	}
+	var df struct {
+		Pools []struct {
+			Name  string `json:"name"`
+			Stats struct {
+				Stored int64 `json:"stored"`
+			} `json:"stats"`
+		} `json:"pools"`
+	}
+	if err := json.Unmarshal(out, &df); err != nil {
+		return 0, fmt.Errorf("ceph df: %w", err)
+	}
+	for _, p := range df.Pools {
+		if p.Name == c.Pool {
+			return p.Stats.Stored, nil
+		}
+	}
+	return 0, fmt.Errorf("ceph df does not list pool %s", c.Pool)
+}
+
+// AwaitStored polls "ceph df" (the OSD reports its statistics every few
+// seconds) until ok accepts the pool's stored bytes, and returns them.
+func (c *Cluster) AwaitStored(ctx context.Context, within time.Duration, ok func(int64) bool) (int64, error) {
+	deadline := time.Now().Add(within)
+	for {
+		n, err := c.PoolStored(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if ok(n) {
+			return n, nil
+		}
+		if time.Now().After(deadline) {
+			return n, fmt.Errorf("pool %s still stores %d bytes after %s", c.Pool, n, within)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// PoolUsed is "rbd du" of the pool: the bytes its images and their
+// snapshots hold, computed by the rbd CLI from the objects themselves.
+func (c *Cluster) PoolUsed(ctx context.Context) (int64, error) {
+	out, err := c.RBD(ctx, "du", "--format", "json", "--pool", c.Pool)
+	if err != nil {
+		return 0, err
+	}
+	var du struct {
+		TotalUsedSize int64 `json:"total_used_size"`
+	}
+	if err := json.Unmarshal(out, &du); err != nil {
+		return 0, fmt.Errorf("rbd du: %w", err)
+	}
+	return du.TotalUsedSize, nil
 }
 
 // ReadImage reads n bytes at off of pool/image ("rbd export" of the
@@ -393,4 +567,79 @@ backends:
       fuseDir: %s
       nodeRegistry: true
 `, c.Monitor, c.Pool, c.User, c.KeyFile, c.Mounter, fuseDir)
+}
+
+// WriteRandom fills the first n bytes of pool/image with data from a
+// generator seeded by seed (every 4 MiB object different, so a copy that
+// misplaces or drops one cannot match), through a private rbd-fuse mount,
+// synced, then unmounted. It returns the SHA-256 of what it wrote.
+func (c *Cluster) WriteRandom(ctx context.Context, image string, n int64, seed uint64) (string, error) {
+	dir, err := os.MkdirTemp("", "spindle-rbdtest-fuse-")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(dir)
+	cmd := exec.CommandContext(ctx, "rbd-fuse", "-c", c.Conf, "-p", c.Pool, "-r", image, dir)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("rbd-fuse %s: %v: %s", image, err, out)
+	}
+	sum, werr := func() (string, error) {
+		f, err := os.OpenFile(filepath.Join(dir, image), os.O_WRONLY, 0)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		h := sha256.New()
+		gen := rand.NewChaCha8(seedOf(seed))
+		buf := make([]byte, 4<<20)
+		for off := int64(0); off < n; off += int64(len(buf)) {
+			chunk := buf[:min(int64(len(buf)), n-off)]
+			_, _ = gen.Read(chunk)
+			if _, err := f.WriteAt(chunk, off); err != nil {
+				return "", err
+			}
+			h.Write(chunk)
+		}
+		return hex.EncodeToString(h.Sum(nil)), f.Sync()
+	}()
+	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("umount %s: %v: %s", dir, err, out)
+	}
+	if werr != nil {
+		return "", werr
+	}
+	return sum, c.AwaitNoWatchers(ctx, image, 15*time.Second)
+}
+
+func seedOf(seed uint64) [32]byte {
+	var s [32]byte
+	binary.LittleEndian.PutUint64(s[:], seed)
+	return s
+}
+
+// Checksum is the SHA-256 of the first n bytes of pool/image, read with
+// "rbd export" into a pipe (nothing of it is kept in memory).
+func (c *Cluster) Checksum(ctx context.Context, image string, n int64) (string, error) {
+	cmd := exec.CommandContext(ctx, "rbd", "export", "--no-progress", c.Pool+"/"+image, "-", "-c", c.Conf)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	_, cerr := io.CopyN(h, out, n)
+	_, _ = io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return "", fmt.Errorf("rbd export %s: %v: %s", image, err, strings.TrimSpace(stderr.String()))
+	}
+	if cerr != nil {
+		return "", fmt.Errorf("rbd export %s: read %d bytes: %w", image, n, cerr)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

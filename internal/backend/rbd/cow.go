@@ -1,0 +1,170 @@
+package rbd
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Copy-on-write. A CSI snapshot, a restore and a volume clone are all RBD
+// clones, made in the same few metadata operations whatever the size of
+// the data:
+//
+//   - a snapshot of volume V is the image csi-snap-<hash>, a clone of a
+//     short-lived RBD snapshot V@csi-copy-<hash>, carrying one RBD snapshot
+//     of its own, csi-snap, that restores are cloned from;
+//   - a restore is a clone of csi-snap-<hash>@csi-snap;
+//   - a clone of volume V is a clone of a short-lived V@csi-clone-<hash>.
+//
+// Clones are of format 2 (Ceph Mimic and later), asked for explicitly so
+// that the cluster's rbd_default_clone_format ("auto": format 1 unless the
+// cluster requires Mimic clients) does not matter: no "snap protect", and a
+// snapshot removed while it has clones moves to the image's trash
+// namespace, where Ceph removes it itself when its last clone goes. So the
+// short-lived snapshots are removed as soon as the clone exists, and a
+// source volume carries no snapshot of Spindle's in its own name. A volume
+// or snapshot deleted while clones still hang from it goes to the pool's
+// trash (trash.go) and is removed once they are gone.
+//
+// Each clone records in its metadata how many copy-on-write parents it had
+// when made (spindle.depth). Past MaxCloneDepth it is flattened in the
+// background (tasks.go); a clone that would be deeper than
+// HardMaxCloneDepth is refused until the flatten that shortens its
+// parent's chain is done.
+
+// cloneFormatArgs make "rbd clone" write clone format 2 whatever the
+// cluster's rbd_default_clone_format says.
+var cloneFormatArgs = []string{"--rbd-default-clone-format", "2"}
+
+// snapshotImageFeatures are the features of a snapshot image: the
+// instance's, plus deep-flatten, so that flattening a snapshot image also
+// frees its csi-snap snapshot, which restores hang from, from its parent.
+// Nodes never map a snapshot image, so no kernel client needs to know the
+// feature.
+func (s *Store) snapshotImageFeatures() string {
+	f := strings.Split(s.cfg.ImageFeatures, ",")
+	if !slices.Contains(f, "deep-flatten") {
+		f = append(f, "deep-flatten")
+	}
+	return strings.Join(f, ",")
+}
+
+// clone makes tmp a copy-on-write clone (format 2) of image@snap with the
+// given features, grown to size.
+func (s *Store) clone(ctx context.Context, image, snap, tmp, features string, size, srcSize int64) error {
+	args := append([]string{"clone"}, cloneFormatArgs...)
+	args = append(args, "--image-feature", features, s.spec(image)+"@"+snap, s.spec(tmp))
+	if _, err := s.c.rbd(ctx, args...); err != nil {
+		return err
+	}
+	if size > srcSize {
+		if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), s.spec(tmp)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cloneOfNow makes tmp a copy-on-write clone of the image src as it is at
+// this instant: an RBD snapshot src@snap, the clone, and the snapshot
+// removed again (with a clone it moves to src's trash namespace). On
+// failure neither the clone nor the snapshot is left.
+func (s *Store) cloneOfNow(ctx context.Context, src *rbdImage, snap, tmp, features string, size int64) error {
+	at := s.spec(src.Name) + "@" + snap
+	if _, err := s.c.rbd(ctx, "snap", "create", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+		return err
+	}
+	err := s.clone(ctx, src.Name, snap, tmp, features, size, src.Size)
+	if err == nil {
+		if _, err = s.c.rbd(ctx, "snap", "rm", "--no-progress", at); errdefs.KindOf(err) == errdefs.ErrNotFound {
+			err = nil
+		}
+		if err == nil {
+			return nil
+		}
+	}
+	undo := context.WithoutCancel(ctx)
+	s.removeTemporary(undo, tmp)
+	_, _ = s.c.rbd(undo, "snap", "rm", "--no-progress", at)
+	return err
+}
+
+// chainAt is how many copy-on-write parents data read from image (at
+// snapshot snap, or its head when snap is "") goes through: 0 when it has
+// no parent (never a clone, or flattened), else what the image recorded
+// when it was made. An image made before Spindle recorded it (its parents
+// are all named) is walked.
+func (s *Store) chainAt(ctx context.Context, image, snap string) (int, error) {
+	spec := s.spec(image)
+	if snap != "" {
+		spec += "@" + snap
+	}
+	var info rbdImage
+	if err := s.c.rbdJSON(ctx, &info, "info", spec); err != nil {
+		return 0, err
+	}
+	if info.Parent == nil {
+		return 0, nil
+	}
+	var v string
+	if out, err := s.c.rbd(ctx, "image-meta", "get", s.spec(image), metaDepth); err == nil {
+		v = strings.TrimSpace(string(out))
+	} else if errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return 0, err
+	}
+	if n, err := strconv.Atoi(v); err == nil && n > 0 {
+		return n, nil
+	}
+	return s.walkDepth(ctx, &info)
+}
+
+// walkDepth counts the parents above img by name, for images whose
+// parents are all named (those made before Spindle recorded depths).
+func (s *Store) walkDepth(ctx context.Context, img *rbdImage) (int, error) {
+	n := 0
+	for p := img.Parent; p != nil && n <= maxParentChain; n++ {
+		var parent rbdImage
+		spec := p.Pool + "/" + p.Image
+		if p.Snapshot != "" && !p.Trash {
+			spec += "@" + p.Snapshot
+		}
+		if err := s.c.rbdJSON(ctx, &parent, "info", spec); err != nil {
+			return 0, err
+		}
+		p = parent.Parent
+	}
+	return n, nil
+}
+
+// admitClone decides whether a clone of image (at snap) may be made, and
+// returns the depth it will have. Past HardMaxCloneDepth it refuses with
+// ErrBusy (ABORTED: the sidecars retry it with a backoff, and nothing is
+// created meanwhile), once it has made sure that image is being flattened,
+// which brings its chain to 0.
+func (s *Store) admitClone(ctx context.Context, image, snap, what string) (int, error) {
+	chain, err := s.chainAt(ctx, image, snap)
+	if err != nil {
+		return 0, err
+	}
+	depth := chain + 1
+	if depth <= s.cfg.HardMaxCloneDepth {
+		return depth, nil
+	}
+	if err := s.flattenInBackground(ctx, s.spec(image)); err != nil {
+		return 0, err
+	}
+	return 0, errdefs.Busy("%s would be a copy-on-write clone %d parents deep, beyond hardMaxCloneDepth %d: %s is being flattened in the background (see `ceph rbd task list`); retry when it is done",
+		what, depth, s.cfg.HardMaxCloneDepth, s.spec(image))
+}
+
+// settleDepth flattens a new image in the background when its chain is
+// longer than MaxCloneDepth. The image is usable meanwhile; a task that
+// cannot be queued now is queued by Maintain.
+func (s *Store) settleDepth(ctx context.Context, image string, depth int) {
+	if depth > s.cfg.MaxCloneDepth {
+		_ = s.flattenInBackground(ctx, s.spec(image))
+	}
+}

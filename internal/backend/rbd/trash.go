@@ -1,0 +1,281 @@
+package rbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/errdefs"
+)
+
+// Deleting. A deleted volume or snapshot image leaves its name at once: it
+// is moved to the pool's trash ("rbd trash mv", a metadata operation), so
+// the RPC answers quickly whatever the image holds, and its data is
+// removed in the background ("ceph rbd task add trash remove", tasks.go).
+// An image that copy-on-write clones still hang from (a volume with live
+// snapshots, a snapshot with restores) keeps its data in the trash until
+// the last of them is gone: Ceph removes the snapshot they hang from with
+// the last clone, and purgeTrash then queues the image's removal. So
+// volumes and snapshots can be deleted in any order, and nothing is left
+// once all are.
+
+// rbdTrashEntry is one entry of "rbd trash ls --format json".
+type rbdTrashEntry struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// rbdChild is one entry of "rbd children --format json".
+type rbdChild struct {
+	Pool  string `json:"pool"`
+	Image string `json:"image"`
+	Trash bool   `json:"trash"`
+}
+
+// remove deletes an unpublished volume or snapshot image: no watchers,
+// locks broken, its own snapshots removed, then to the trash, and its data
+// removed in the background once nothing hangs from it.
+func (s *Store) remove(ctx context.Context, image string, info *rbdImage) error {
+	w, err := s.watchers(ctx, image)
+	if err != nil {
+		return err
+	}
+	if len(w) > 0 {
+		return errdefs.Precondition("image %s still has watchers %s: a node still has it mapped (or a client died less than 30 s ago)", s.spec(image), strings.Join(w, ", "))
+	}
+	if err := s.removeLocks(ctx, image); err != nil {
+		return err
+	}
+	if err := s.dropOwnedSnapshots(ctx, image); err != nil {
+		return err
+	}
+	if _, err := s.c.rbd(ctx, "trash", "mv", s.spec(image)); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return err
+	}
+	if err := s.removeIfFree(ctx, info.ID, image); err != nil {
+		return err
+	}
+	// A clone made by an earlier version hung from a protected csi-clone-
+	// snapshot of its own on the source; it goes with the clone's data
+	// (dropLegacyCloneSnapshots).
+	return nil
+}
+
+// removeIfFree queues the removal of the trashed image id once no clone
+// hangs from it any more (it has no snapshot left, in any namespace).
+func (s *Store) removeIfFree(ctx context.Context, id, name string) error {
+	var snaps []rbdSnap
+	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", "--all", "--pool", s.cfg.Pool, "--image-id", id); err != nil {
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			return nil // removed already
+		}
+		return err
+	}
+	if len(snaps) > 0 {
+		return nil // clones hang from it: purgeTrash comes back for it
+	}
+	return s.removeInBackground(ctx, id, name)
+}
+
+// dropOwnedSnapshots removes the image's snapshots, all of which must be
+// Spindle's (a snapshot somebody else took is a precondition failure: it
+// is not ours to delete). A snapshot with format-2 clones moves to the
+// image's trash namespace and stays until they are gone. A protected
+// snapshot made by an earlier version cannot go while clones hang from it:
+// they are flattened in the background and the delete is refused with
+// ErrBusy until they are.
+func (s *Store) dropOwnedSnapshots(ctx context.Context, image string) error {
+	var snaps []rbdSnap
+	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+		return err
+	}
+	for _, sn := range snaps {
+		if !strings.HasPrefix(sn.Name, cloneSnapPrefix) && !strings.HasPrefix(sn.Name, copySnapPrefix) && sn.Name != snapshotSnap {
+			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", s.spec(image), sn.Name)
+		}
+	}
+	var flattening []string
+	for _, sn := range snaps {
+		at := s.spec(image) + "@" + sn.Name
+		if sn.Protected == "true" {
+			busy, err := s.unprotect(ctx, at)
+			if err != nil {
+				return err
+			}
+			if len(busy) > 0 {
+				flattening = append(flattening, busy...)
+				continue
+			}
+		}
+		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			return err
+		}
+	}
+	if len(flattening) > 0 {
+		return errdefs.Busy("image %s has clones made by an earlier version of Spindle hanging from its protected snapshots: %s are being flattened in the background (see `ceph rbd task list`); retry when that is done",
+			s.spec(image), strings.Join(flattening, ", "))
+	}
+	return nil
+}
+
+// unprotect unprotects the snapshot at. While clones hang from it (Ceph
+// refuses with EBUSY), it has them flattened in the background and returns
+// them.
+func (s *Store) unprotect(ctx context.Context, at string) ([]string, error) {
+	_, err := s.c.rbd(ctx, "snap", "unprotect", at)
+	if err == nil || strings.Contains(command.Stderr(err), "not protected") {
+		return nil, nil
+	}
+	if command.ExitCode(err) != exitEBUSY {
+		return nil, err
+	}
+	var children []rbdChild
+	if err := s.c.rbdJSON(ctx, &children, "children", "--all", at); err != nil {
+		return nil, err
+	}
+	var busy []string
+	for _, ch := range children {
+		spec := ch.Pool + "/" + ch.Image
+		if ch.Trash {
+			// A deleted clone: it goes with its trash entry.
+			busy = append(busy, spec+" (deleted, being removed)")
+			continue
+		}
+		if err := s.flattenInBackground(ctx, spec); err != nil {
+			return nil, fmt.Errorf("flatten %s, a clone of %s: %w", spec, at, err)
+		}
+		busy = append(busy, spec)
+	}
+	if len(busy) == 0 {
+		return nil, err // EBUSY for another reason
+	}
+	return busy, nil
+}
+
+// removeNow removes an image that holds no data worth a background task
+// (a temporary image of a failed create: a fresh clone or an empty image)
+// with its snapshots, at once.
+func (s *Store) removeNow(ctx context.Context, image string) error {
+	var snaps []rbdSnap
+	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			return nil
+		}
+		return err
+	}
+	for _, sn := range snaps {
+		at := s.spec(image) + "@" + sn.Name
+		if sn.Protected == "true" {
+			if _, err := s.c.rbd(ctx, "snap", "unprotect", at); err != nil && !strings.Contains(command.Stderr(err), "not protected") {
+				return err
+			}
+		}
+		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			return err
+		}
+	}
+	if _, err := s.c.rbd(ctx, "rm", "--no-progress", s.spec(image)); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return err
+	}
+	return nil
+}
+
+// purgeTrash queues the removal of every trashed Spindle image that no
+// clone hangs from any more, and drops the protected csi-clone- snapshots
+// that clones made by earlier versions left once those clones are gone.
+// It returns what it queued or removed.
+func (s *Store) purgeTrash(ctx context.Context) ([]string, error) {
+	var entries []rbdTrashEntry
+	if err := s.c.rbdJSON(ctx, &entries, "trash", "ls", s.cfg.Pool); err != nil {
+		return nil, err
+	}
+	var changed []string
+	var errs []error
+	for _, e := range entries {
+		if !isSpindleImage(e.Name) {
+			continue
+		}
+		var snaps []rbdSnap
+		if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", "--all", "--pool", s.cfg.Pool, "--image-id", e.ID); err != nil {
+			if errdefs.KindOf(err) != errdefs.ErrNotFound {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if len(snaps) > 0 {
+			continue
+		}
+		if err := s.removeInBackground(ctx, e.ID, e.Name); err != nil {
+			errs = append(errs, fmt.Errorf("remove trashed image %s (%s): %w", s.spec(e.Name), e.ID, err))
+			continue
+		}
+		changed = append(changed, "removing trashed image "+s.spec(e.Name)+" ("+e.ID+")")
+	}
+	dropped, err := s.dropLegacyCloneSnapshots(ctx)
+	return append(changed, dropped...), errors.Join(append(errs, err)...)
+}
+
+// dropLegacyCloneSnapshots removes the csi-clone- snapshots that no clone
+// hangs from: those earlier versions kept, protected, for each volume
+// clone, once the clone is gone, and those a crash left between the
+// snapshot and its clone (older than LeftoverAge, so that a Create still
+// running keeps its own).
+func (s *Store) dropLegacyCloneSnapshots(ctx context.Context) ([]string, error) {
+	var all []rbdListed
+	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+		return nil, err
+	}
+	var dropped []string
+	var errs []error
+	for _, e := range all {
+		if !strings.HasPrefix(e.Snapshot, cloneSnapPrefix) || !strings.HasPrefix(e.Image, volumePrefix) {
+			continue
+		}
+		at := s.spec(e.Image) + "@" + e.Snapshot
+		var children []rbdChild
+		if err := s.c.rbdJSON(ctx, &children, "children", "--all", at); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if len(children) > 0 {
+			continue
+		}
+		if e.Protected != "true" {
+			var snaps []rbdSnapTime
+			if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(e.Image)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !s.olderThanLeftoverAge(snaps, e.Snapshot) {
+				continue
+			}
+		}
+		if e.Protected == "true" {
+			if _, err := s.unprotect(ctx, at); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			errs = append(errs, err)
+			continue
+		}
+		dropped = append(dropped, "removed snapshot "+at+" that no clone uses any more")
+	}
+	return dropped, errors.Join(errs...)
+}
+
+// olderThanLeftoverAge reports whether the snapshot named name is older
+// than LeftoverAge by the cluster's timestamp.
+func (s *Store) olderThanLeftoverAge(snaps []rbdSnapTime, name string) bool {
+	for _, sn := range snaps {
+		if sn.Name != name {
+			continue
+		}
+		at, err := parseRBDTime(sn.Timestamp)
+		return err == nil && s.clock().Sub(at) >= LeftoverAge
+	}
+	return false
+}
