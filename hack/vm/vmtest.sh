@@ -70,11 +70,27 @@ phase "test binaries" $((SECONDS - t))
 # network namespace, in front of each controller's unix socket).
 declare -A controller_ports=([krbd]=7001 [rbd-nbd]=7002)
 cephproxy_port=7010
+# kill_recorded PIDFILE PROGRAM: stops the process a pid file names only if
+# it still runs PROGRAM. A pid file that outlived its process (a machine
+# restart, a killed run) may name an unrelated process by now.
+kill_recorded() {
+  local pidfile=$1 program pid exe
+  program=$(readlink -f "$2")
+  [ -f "$pidfile" ] || return 0
+  pid=$(cat "$pidfile")
+  # A binary rebuilt under a running process reads "PATH (deleted)".
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) && exe=${exe% (deleted)}
+  if [[ $pid =~ ^[0-9]+$ ]] && [ "$exe" = "$program" ]; then
+    kill "$pid" 2>/dev/null
+  fi
+  rm -f "$pidfile"
+}
 stop_controllers() {
-  local pid
-  for pid in "$WORK"/controller-*/*.pid; do
-    [ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null
-    rm -f "$pid"
+  local dir
+  for dir in "$WORK"/controller-*/; do
+    [ -d "$dir" ] || continue
+    kill_recorded "$dir/driver.pid" "$REPO/bin/spindle"
+    kill_recorded "$dir/socat.pid" "$(command -v socat)"
   done
   return 0
 }
@@ -106,8 +122,7 @@ CONFIG
 }
 guest_pid=
 stop_cephproxy() {
-  [ -f "$WORK/cephproxy.pid" ] && kill "$(cat "$WORK/cephproxy.pid")" 2>/dev/null
-  rm -f "$WORK/cephproxy.pid"
+  kill_recorded "$WORK/cephproxy.pid" "$SHARE/bin/cephproxy"
   return 0
 }
 cleanup() {
