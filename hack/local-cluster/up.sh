@@ -191,6 +191,10 @@ evictionHard: {"memory.available": "100Mi"}
 mergeDefaultEvictionSettings: false
 imageGCHighThresholdPercent: 100
 syncFrequency: 10s
+# kubelet runs on this machine: it must not add its hint, canary and
+# KUBE-FIREWALL chains to the machine's iptables (nothing here reads them:
+# there is no kube-proxy).
+makeIPTablesUtilChains: false
 KCFG
 start kubelet "$BIN/kubelet" --config "$CLUSTER_DIR/kubelet-config.yaml" --kubeconfig "$KUBECONFIG" --root-dir "$KUBELET_DIR" \
   --cert-dir "$KUBELET_DIR/pki" --hostname-override "$NODE"
