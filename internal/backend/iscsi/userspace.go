@@ -307,11 +307,10 @@ func (u *userspace) Devices(ctx context.Context, iqn, _ string) ([]connDevice, e
 // whose target carries exactly this image.)
 func (u *userspace) Identify(ctx context.Context, iqn, _, dev string) (*connDevice, error) {
 	d, err := u.loops.Get(ctx, dev)
-	switch errdefs.KindOf(err) {
-	case nil:
-	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
+	// An error of no kind (losetup timed out) is that error, not a device.
+	if kind := errdefs.KindOf(err); kind == errdefs.ErrNotFound || kind == errdefs.ErrInvalidArgument {
 		return nil, errdefs.NotFound("%s is not a loop device of target %s", dev, iqn)
-	default:
+	} else if err != nil {
 		return nil, err
 	}
 	if pid, _ := u.daemon(iqn); pid == 0 {

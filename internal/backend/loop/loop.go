@@ -256,11 +256,10 @@ func (t *transport) awaitRelease(ctx context.Context, imageID string, d blockdev
 func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*backend.MappedDevice, error) {
 	path := t.store.ImagePath(imageID)
 	d, err := t.loops.Get(ctx, devicePath)
-	switch errdefs.KindOf(err) {
-	case nil:
-	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
+	// An error of no kind (losetup timed out) is that error, not a device.
+	if kind := errdefs.KindOf(err); kind == errdefs.ErrNotFound || kind == errdefs.ErrInvalidArgument {
 		return nil, errdefs.NotFound("%s is not a loop device of volume %s", devicePath, imageID)
-	default:
+	} else if err != nil {
 		return nil, err
 	}
 	if d.BackingFile != path {

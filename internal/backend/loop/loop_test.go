@@ -867,3 +867,27 @@ func TestAttachedDevicesListsThePoolsDevices(t *testing.T) {
 		}
 	})
 }
+
+// losetupTimesOut is a loop driver whose Get fails with an error of no
+// kind, as a losetup that ran out of time does.
+type losetupTimesOut struct{ *blockdev.FakeLoopDevices }
+
+func (losetupTimesOut) Get(context.Context, string) (*blockdev.LoopDevice, error) {
+	return nil, errors.New("losetup --json --list /dev/loop0: context deadline exceeded after 30s")
+}
+
+// TestIdentifyKeepsAnErrorOfNoKind: a losetup that failed is that failure,
+// never taken for a device (it was, and Identify went on with no device).
+func TestIdentifyKeepsAnErrorOfNoKind(t *testing.T) {
+	inst, err := loop.NewWithLoopDevices("timeout", loop.Config{PoolDir: t.TempDir()}, losetupTimesOut{blockdev.NewFakeLoopDevices()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := inst.Attacher.Identify(t.Context(), "pvc-any", "/dev/loop0")
+	if err == nil || dev != nil {
+		t.Fatalf("Identify = %v, %v; want losetup's error", dev, err)
+	}
+	if !strings.Contains(err.Error(), "deadline exceeded") || errdefs.KindOf(err) != nil {
+		t.Fatalf("Identify error = %v (kind %v); want losetup's own error, of no kind", err, errdefs.KindOf(err))
+	}
+}
