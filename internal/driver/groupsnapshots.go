@@ -198,12 +198,12 @@ func (s *groupControllerService) DeleteVolumeGroupSnapshot(ctx context.Context, 
 	}
 	defer release()
 	g, err := groups.GetGroupSnapshot(ctx, id.Image)
-	switch errdefs.KindOf(err) {
-	case nil:
+	switch {
+	case err == nil:
 		if err := s.d.checkMembers(inst, g, req.GetSnapshotIds()); err != nil {
 			return nil, err
 		}
-	case errdefs.ErrNotFound:
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	default:
 		return nil, err

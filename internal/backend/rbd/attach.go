@@ -149,9 +149,9 @@ func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*
 		return nil, errdefs.NotFound("%s is not a device of volume %s: %v", devicePath, imageID, err)
 	}
 	got, err := t.m.Identify(ctx, devicePath)
-	switch errdefs.KindOf(err) {
-	case nil:
-	case errdefs.ErrNotFound, errdefs.ErrInvalidArgument:
+	switch kind := errdefs.KindOf(err); {
+	case err == nil:
+	case kind == errdefs.ErrNotFound, kind == errdefs.ErrInvalidArgument:
 		return nil, errdefs.NotFound("%s is not a device of volume %s: %v", devicePath, imageID, err)
 	default:
 		return nil, err

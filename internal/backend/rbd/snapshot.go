@@ -32,13 +32,13 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	defer s.locks.lock(image)()
 
 	existing, err := s.GetSnapshot(ctx, id)
-	switch errdefs.KindOf(err) {
-	case nil:
+	switch {
+	case err == nil:
 		if existing.SourceImageID != spec.SourceImageID {
 			return nil, errdefs.AlreadyExists("snapshot %q already exists of volume %s, not of %s", spec.Name, existing.SourceImageID, spec.SourceImageID)
 		}
 		return existing, nil
-	case errdefs.ErrNotFound:
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
 	default:
 		return nil, err
 	}

@@ -260,10 +260,12 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	defer s.locks.lock(image)()
 
 	existing, _, err := s.getImage(ctx, id)
-	switch errdefs.KindOf(err) {
-	case nil:
+	// An error of no kind (the monitors did not answer) is that error,
+	// never an existing image.
+	switch {
+	case err == nil:
 		return existing, compatible(existing, spec)
-	case errdefs.ErrNotFound:
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
 	default:
 		return nil, err
 	}
