@@ -68,6 +68,12 @@ type StagedVolume struct {
 	FsType      string    `json:"fsType,omitempty"`
 	ReadOnly    bool      `json:"readOnly"`
 	StagedAt    time.Time `json:"stagedAt"`
+	// Encrypted: Device is opened with dm-crypt (LUKS2) as CryptMapping
+	// (/dev/mapper/<name>), device node MapperDevice (/dev/dm-N), which
+	// holds the filesystem or is what a block publish binds.
+	Encrypted    bool   `json:"encrypted,omitempty"`
+	CryptMapping string `json:"cryptMapping,omitempty"`
+	MapperDevice string `json:"mapperDevice,omitempty"`
 	// MountState is mounted, missing, dead or wrong-device for a
 	// filesystem volume; empty for a block volume, whose stage mounts nothing.
 	MountState string `json:"mountState,omitempty"`
