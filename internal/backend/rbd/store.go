@@ -62,16 +62,18 @@ type volumeRecord struct {
 	Parameters map[string]string      `json:"parameters,omitempty"`
 	Source     *backend.ContentSource `json:"source,omitempty"`
 	CreatedAt  time.Time              `json:"createdAt"`
+	Encryption *backend.Encryption    `json:"encryption,omitempty"`
 }
 
 // snapshotRecord is what a snapshot image keeps.
 type snapshotRecord struct {
-	SourceImageID string             `json:"sourceImageID"`
-	SizeBytes     int64              `json:"sizeBytes"`
-	CreatedAt     time.Time          `json:"createdAt"`
-	AccessType    backend.AccessType `json:"accessType"`
-	FsType        string             `json:"fsType,omitempty"`
-	Formatted     bool               `json:"formatted"`
+	SourceImageID string              `json:"sourceImageID"`
+	SizeBytes     int64               `json:"sizeBytes"`
+	CreatedAt     time.Time           `json:"createdAt"`
+	AccessType    backend.AccessType  `json:"accessType"`
+	FsType        string              `json:"fsType,omitempty"`
+	Formatted     bool                `json:"formatted"`
+	Encryption    *backend.Encryption `json:"encryption,omitempty"`
 }
 
 var hashedRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -189,7 +191,7 @@ func (s *Store) decode(id string, info *rbdImage, meta map[string]string) (*back
 	}
 	img := &backend.Image{
 		ID: id, Name: name, CapacityBytes: info.Size, AccessType: rec.AccessType, FsType: rec.FsType,
-		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt,
+		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt, Encryption: rec.Encryption,
 	}
 	if fs := meta[metaFormatted]; fs != "" {
 		img.Formatted, img.FsType = true, fs
@@ -270,7 +272,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		return nil, err
 	}
 
-	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC()}
+	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC(), Encryption: spec.Encryption}
 	formatted := ""
 	var build func(tmp string) error
 	depth := 0 // copy-on-write parents of the new image
