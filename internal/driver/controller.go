@@ -87,6 +87,11 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 	defer release()
+	// A retried CreateVolume wraps a passphrase again, and the store
+	// answers the volume with the key it was created with.
+	if spec.Encryption, err = s.d.newVolumeEncryption(ctx, req.GetName(), params, source); err != nil {
+		return nil, err
+	}
 
 	img, err := inst.Store.Create(ctx, spec)
 	if err != nil {
@@ -153,6 +158,7 @@ type contentSource struct {
 	sizeBytes  int64
 	accessType backend.AccessType
 	fsType     string
+	encryption *backend.Encryption
 }
 
 // resolveSource validates a content source and looks it up. A source that
@@ -191,14 +197,14 @@ func (s *controllerService) resolveSource(ctx context.Context, inst *backend.Ins
 		if err != nil {
 			return nil, err
 		}
-		out.SnapshotID, out.sizeBytes, out.accessType, out.fsType = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType
+		out.SnapshotID, out.sizeBytes, out.accessType, out.fsType, out.encryption = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType, snap.Encryption
 		return out, nil
 	}
 	img, err := inst.Store.Get(ctx, id.Image)
 	if err != nil {
 		return nil, err
 	}
-	out.ImageID, out.sizeBytes, out.accessType, out.fsType = img.ID, img.CapacityBytes, img.AccessType, img.FsType
+	out.ImageID, out.sizeBytes, out.accessType, out.fsType, out.encryption = img.ID, img.CapacityBytes, img.AccessType, img.FsType, img.Encryption
 	return out, nil
 }
 
@@ -214,6 +220,15 @@ func (d *Driver) csiVolume(inst *backend.Instance, img *backend.Image) (*csi.Vol
 		CapacityBytes:      img.CapacityBytes,
 		VolumeContext:      maps.Clone(img.Parameters),
 		AccessibleTopology: d.accessibleTopology(inst),
+	}
+	if img.Encryption != nil {
+		// A copy of an encrypted source is encrypted whatever its
+		// StorageClass said.
+		if vol.VolumeContext == nil {
+			vol.VolumeContext = map[string]string{}
+		}
+		vol.VolumeContext[paramEncrypted] = "true"
+		vol.VolumeContext[paramEncryptionKMSID] = img.Encryption.KMSID
 	}
 	if src := img.Source; src != nil {
 		switch {
@@ -250,6 +265,13 @@ func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVol
 		return nil, err
 	}
 	defer release()
+	// An encrypted volume's key goes first, once nothing holds the volume:
+	// deleting the image first could leave a key no retry finds again.
+	if img, err := inst.Store.Get(ctx, id.Image); err == nil && img.Encryption != nil && len(img.Attachments) == 0 {
+		if err := s.d.forgetKey(ctx, img.Encryption); err != nil {
+			return nil, err
+		}
+	}
 	if err := inst.Store.Delete(ctx, id.Image); err != nil {
 		return nil, err
 	}
@@ -300,7 +322,7 @@ func (s *controllerService) ControllerPublishVolume(ctx context.Context, req *cs
 	if err != nil {
 		return nil, err
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+	return &csi.ControllerPublishVolumeResponse{PublishContext: addEncryptionContext(pc, img.Encryption)}, nil
 }
 
 // checkCapabilityFits refuses a capability the volume was not made for: a

@@ -128,6 +128,10 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
 	}
+	encryption, err := s.d.stageEncryption(req.GetPublishContext(), req.GetVolumeContext(), req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 	vol, release, err := s.d.lockNodeVolume(id)
 	if err != nil {
 		return nil, err
@@ -135,7 +139,7 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	defer release()
 	err = s.d.node.Stage(ctx, node.StageRequest{
 		Volume: vol, StagingPath: staging, Access: c.accessType, Mode: c.mode, FsType: c.fsType, MountFlags: c.mountFlags,
-		ReadOnly: readOnly, MkfsOptions: mkfsOptions, PublishContext: req.GetPublishContext(),
+		ReadOnly: readOnly, MkfsOptions: mkfsOptions, PublishContext: req.GetPublishContext(), Encryption: encryption,
 	})
 	if err != nil {
 		return nil, err

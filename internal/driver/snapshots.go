@@ -70,7 +70,15 @@ func (s *controllerService) CreateSnapshot(ctx context.Context, req *csi.CreateS
 		return nil, err
 	}
 	defer release()
-	snap, err := snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: req.GetName(), SourceImageID: source.Image})
+	img, err := inst.Store.Get(ctx, source.Image)
+	if err != nil {
+		return nil, err
+	}
+	encryption, err := s.d.snapshotEncryption(ctx, req.GetName(), img.Encryption)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: req.GetName(), SourceImageID: source.Image, Encryption: encryption})
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +105,11 @@ func (s *controllerService) DeleteSnapshot(ctx context.Context, req *csi.DeleteS
 		return nil, err
 	}
 	defer release()
+	if snap, err := snaps.GetSnapshot(ctx, id.Image); err == nil && snap.Encryption != nil {
+		if err := s.d.forgetKey(ctx, snap.Encryption); err != nil {
+			return nil, err
+		}
+	}
 	if err := snaps.DeleteSnapshot(ctx, id.Image); err != nil {
 		return nil, err
 	}

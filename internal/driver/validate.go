@@ -199,6 +199,8 @@ type volumeParameters struct {
 	instance    string            // backend instance key
 	mkfsOptions []string          // parsed mkfsOptions
 	shaping     map[string]string // the parameters that shape the volume, kept in its metadata
+	encrypted   bool              // encrypted: "true"
+	kmsID       string            // the KMS that wraps its passphrase (encryption.go)
 }
 
 func (d *Driver) parseParameters(params map[string]string) (volumeParameters, error) {
@@ -219,10 +221,14 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 				vp.mkfsOptions = opts
 				vp.shaping[k] = strings.Join(opts, " ")
 			}
+		case k == paramEncrypted, k == paramEncryptionKMSID:
 		case isProvisionerKey(k):
 		default:
-			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s)", k, paramBackend, paramMkfsOptions)
+			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s, %s, %s)", k, paramBackend, paramMkfsOptions, paramEncrypted, paramEncryptionKMSID)
 		}
+	}
+	if err := d.encryptionParameters(&vp, params); err != nil {
+		return volumeParameters{}, err
 	}
 	return vp, nil
 }
