@@ -93,6 +93,16 @@ type Encryption struct {
 	KMSID      string `json:"kmsID"`
 	KeyOwner   string `json:"keyOwner"`
 	WrappedKey string `json:"wrappedKey"`
+	// NextWrappedKey is the passphrase a key rotation under way adds to the
+	// LUKS header before it removes WrappedKey's; a stage that finds the
+	// old key gone opens with it.
+	NextWrappedKey string `json:"nextWrappedKey,omitempty"`
+}
+
+// EncryptionKeeper is implemented by stores that can change an image's
+// Encryption in place (key rotation).
+type EncryptionKeeper interface {
+	SetEncryption(ctx context.Context, imageID string, e *Encryption) error
 }
 
 // Clone returns a copy (nil stays nil).

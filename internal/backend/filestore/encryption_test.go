@@ -49,3 +49,25 @@ func TestEncryptionKept(t *testing.T) {
 		t.Fatalf("retried Create = %+v, %v; want the first key", again.Encryption, err)
 	}
 }
+
+// A key rotation changes the wrapped key in place.
+func TestSetEncryption(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	img, err := s.Create(ctx, backend.VolumeSpec{Name: "pvc-rotate", CapacityBytes: 8 << 20, AccessType: backend.AccessBlock,
+		Encryption: &backend.Encryption{KMSID: "secrets", KeyOwner: "volume/pvc-rotate", WrappedKey: "old"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := &backend.Encryption{KMSID: "secrets", KeyOwner: "volume/pvc-rotate", WrappedKey: "old", NextWrappedKey: "new"}
+	if err := s.SetEncryption(ctx, img.ID, next); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, img.ID)
+	if err != nil || *got.Encryption != *next {
+		t.Fatalf("after SetEncryption: %+v, %v", got.Encryption, err)
+	}
+	if err := s.SetEncryption(ctx, "missing", next); err == nil {
+		t.Fatal("SetEncryption of a missing image succeeded")
+	}
+}
