@@ -810,3 +810,28 @@ func (k *keyedMutex) lock(key string) func() {
 		k.mu.Unlock()
 	}
 }
+
+var _ backend.EncryptionKeeper = (*Store)(nil)
+
+// SetEncryption implements backend.EncryptionKeeper: the spindle.volume
+// metadata is rewritten with the new Encryption.
+func (s *Store) SetEncryption(ctx context.Context, id string, e *backend.Encryption) error {
+	image, err := s.imageOf(id, volumePrefix, "volume")
+	if err != nil {
+		return err
+	}
+	defer s.locks.lock(image)()
+	_, meta, err := s.read(ctx, image)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return errdefs.NotFound("volume %s does not exist", id)
+	}
+	if err != nil {
+		return err
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal([]byte(meta[metaVolume]), &rec); err != nil || meta[metaVolume] == "" {
+		return fmt.Errorf("image %s: metadata %s is not a volume record", image, metaVolume)
+	}
+	rec.Encryption = e.Clone()
+	return s.setMeta(ctx, image, map[string]string{metaVolume: mustJSON(rec)})
+}
