@@ -365,3 +365,72 @@ func TestEncryptedBlockReadOnlyPublishRefused(t *testing.T) {
 		t.Fatalf("mounts after a refused publish: %v", w.host.MountTable())
 	}
 }
+
+// A key rotation on a staged, published volume: the next key added, proven,
+// the current one removed; the mount untouched; a rotation that stopped
+// part-way finishes when run again; a restage during a rotation opens with
+// the next key.
+func TestRotateKey(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	tv := w.newVolume("pvc-rotate", backend.AccessMount, backend.SingleNodeWriter, false)
+	w.mustStageEncrypted(tv)
+	w.mustPublish(tv, tv.target, false)
+	raw := w.identityOf("/dev/loop0")
+	next := []byte("fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210")
+	key := func(k []byte) func(context.Context) ([]byte, error) {
+		return func(context.Context) ([]byte, error) { return bytes.Clone(k), nil }
+	}
+	mountsBefore := w.host.MountTable()
+
+	// Interrupted after the add: both keys open.
+	w.host.Fail["luksRemoveKey /dev/loop0"] = errors.New("cryptsetup: killed")
+	if err := w.v.RotateKey(ctx, tv.Volume, tv.staging, key(testPassphrase), key(next)); err == nil {
+		t.Fatal("RotateKey with a failing removal succeeded")
+	}
+	if keys := w.host.LUKSKeyslots(raw); len(keys) != 2 {
+		t.Fatalf("keyslots after an interrupted rotation: %q", keys)
+	}
+	delete(w.host.Fail, "luksRemoveKey /dev/loop0")
+	for i := 0; i < 2; i++ { // the rerun finishes it; a third run changes nothing
+		if err := w.v.RotateKey(ctx, tv.Volume, tv.staging, key(testPassphrase), key(next)); err != nil {
+			t.Fatalf("RotateKey #%d: %v", i+1, err)
+		}
+	}
+	var live [][]byte
+	for _, k := range w.host.LUKSKeyslots(raw) {
+		if k != nil {
+			live = append(live, k)
+		}
+	}
+	if len(live) != 1 || !bytes.Equal(live[0], next) {
+		t.Fatalf("live keyslots %q; want the next key only", live)
+	}
+	if got := w.host.MountTable(); len(got) != len(mountsBefore) {
+		t.Fatalf("mounts changed: %v", got)
+	}
+	if countCalls(w.host.Calls, "luksAddKey") != 1 {
+		t.Fatalf("the key was added %d times", countCalls(w.host.Calls, "luksAddKey"))
+	}
+
+	// A stage whose store still names the old key, with the next one
+	// pending, opens with the next.
+	if err := w.v.Unpublish(ctx, tv.Volume, tv.target); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.v.Unstage(ctx, tv.Volume, tv.staging); err != nil {
+		t.Fatal(err)
+	}
+	req := w.encryptedStageReq(tv, "ext4")
+	req.Encryption.NextPassphrase = key(next)
+	if err := w.v.Stage(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	// Not staged: refused, naming where it rotates.
+	other := w.newVolume("pvc-rotate-other", backend.AccessMount, backend.SingleNodeWriter, false)
+	err := w.v.RotateKey(ctx, other.Volume, other.staging, key(testPassphrase), key(next))
+	wantKind(t, err, errPrecondition, "is not staged at", "rotated on the node that stages it")
+	if where, err := w.v.StagingPathOf(tv.ID); err != nil || where != tv.staging {
+		t.Fatalf("StagingPathOf = %q, %v", where, err)
+	}
+}

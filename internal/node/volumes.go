@@ -116,14 +116,14 @@ func (v *Volumes) Stage(ctx context.Context, r StageRequest) error {
 	if err != nil {
 		return err
 	}
-	var passphrase []byte
+	var keys [][]byte
 	if r.Encryption != nil {
 		// Before anything is attached: a node that cannot decrypt, or a
 		// KMS that does not answer, leaves nothing to undo.
-		if passphrase, err = v.encryptionKey(ctx, r); err != nil {
+		if keys, err = v.encryptionKeys(ctx, r); err != nil {
 			return err
 		}
-		defer clear(passphrase)
+		defer clearKeys(keys)
 	}
 	attached, err := r.Attacher.Devices(ctx, r.Image)
 	if err != nil {
@@ -151,7 +151,7 @@ func (v *Volumes) Stage(ctx context.Context, r StageRequest) error {
 	var crypt *CryptMapping
 	if r.Encryption != nil {
 		var opened bool
-		crypt, opened, err = v.openEncrypted(ctx, r, dev, passphrase)
+		crypt, opened, err = v.openEncrypted(ctx, r, dev, keys)
 		if err != nil {
 			v.rollbackStage(undo)
 			return err

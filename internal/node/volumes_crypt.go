@@ -19,31 +19,50 @@ type Encryption struct {
 	// Passphrase returns the volume's passphrase; its error names the KMS
 	// and never holds key material. The caller clears what it returns.
 	Passphrase func(ctx context.Context) ([]byte, error)
+	// NextPassphrase, set while a key rotation is under way, returns the
+	// passphrase the rotation adds: a stage that finds the old one
+	// already removed opens with it.
+	NextPassphrase func(ctx context.Context) ([]byte, error)
 }
 
-// encryptionKey checks that this node can open LUKS volumes and fetches the
-// volume's passphrase.
-func (v *Volumes) encryptionKey(ctx context.Context, r StageRequest) ([]byte, error) {
+// encryptionKeys checks that this node can open LUKS volumes and fetches
+// the volume's passphrase, and the next one during a key rotation.
+func (v *Volumes) encryptionKeys(ctx context.Context, r StageRequest) ([][]byte, error) {
 	if err := v.host.CryptAvailable(ctx); err != nil {
 		return nil, errdefs.Wrap(errdefs.KindOf(err), err, "volume %s is encrypted", r.ID)
 	}
-	key, err := r.Encryption.Passphrase(ctx)
-	if err != nil {
-		return nil, err
+	fetch := []func(context.Context) ([]byte, error){r.Encryption.Passphrase}
+	if r.Encryption.NextPassphrase != nil {
+		fetch = append(fetch, r.Encryption.NextPassphrase)
 	}
-	if len(key) == 0 {
-		return nil, errdefs.Precondition("volume %s is encrypted, but %s gave an empty key", r.ID, r.Encryption.KMS)
+	var keys [][]byte
+	for _, f := range fetch {
+		key, err := f(ctx)
+		if err == nil && len(key) == 0 {
+			err = errdefs.Precondition("volume %s is encrypted, but %s gave an empty key", r.ID, r.Encryption.KMS)
+		}
+		if err != nil {
+			clearKeys(keys)
+			return nil, err
+		}
+		keys = append(keys, key)
 	}
-	return key, nil
+	return keys, nil
+}
+
+func clearKeys(keys [][]byte) {
+	for _, k := range keys {
+		clear(k)
+	}
 }
 
 // openEncrypted opens the volume's LUKS volume on dev as its dm-crypt
-// mapping, making the LUKS2 header first only when blkid finds nothing at
-// all on dev (the rule mkfs follows). A device that holds anything but a
-// LUKS header is refused untouched, and so is a header the volume's key
-// does not open. It reports whether it opened the mapping (false: the
+// mapping, making the LUKS2 header first (with keys[0]) only when blkid
+// finds nothing at all on dev (the rule mkfs follows). A device that holds
+// anything but a LUKS header is refused untouched, and so is a header none
+// of keys opens. It reports whether it opened the mapping (false: the
 // mapping was open already, after a plugin restart).
-func (v *Volumes) openEncrypted(ctx context.Context, r StageRequest, dev *backend.Device, passphrase []byte) (*CryptMapping, bool, error) {
+func (v *Volumes) openEncrypted(ctx context.Context, r StageRequest, dev *backend.Device, keys [][]byte) (*CryptMapping, bool, error) {
 	name := CryptName(r.ID)
 	m, err := v.host.CryptMappingByName(name)
 	if err != nil {
@@ -80,12 +99,19 @@ func (v *Volumes) openEncrypted(ctx context.Context, r StageRequest, dev *backen
 		} else if size <= luksDataOffset {
 			return nil, false, errdefs.Precondition("refusing to encrypt %s: its %d bytes do not hold a LUKS2 header (%d bytes) and data", dev.Path, size, luksDataOffset)
 		}
-		if err := v.host.LUKSFormat(ctx, dev.Path, passphrase); err != nil {
+		if err := v.host.LUKSFormat(ctx, dev.Path, keys[0]); err != nil {
 			return nil, false, err
 		}
 		v.log.Info("created LUKS2 header", zap.String("volumeID", r.ID), zap.String("device", dev.Path))
 	}
-	if err := v.host.LUKSOpen(ctx, dev.Path, name, passphrase, readOnly); err != nil {
+	for i, key := range keys {
+		err = v.host.LUKSOpen(ctx, dev.Path, name, key, readOnly)
+		if err == nil || errdefs.KindOf(err) != errdefs.ErrPrecondition || i == len(keys)-1 {
+			break
+		}
+		// The old key of a rotation under way was removed already.
+	}
+	if err != nil {
 		return nil, false, fmt.Errorf("volume %s: %w", r.ID, err)
 	}
 	if m, err = v.host.CryptMappingByName(name); err != nil || !m.Found() {
@@ -138,4 +164,83 @@ func (v *Volumes) closeCrypt(ctx context.Context, vol Volume) error {
 		return errdefs.Precondition("dm-crypt mapping %s is open on %s, which is not a device of volume %s; the node plugin leaves it as it is", name, m.Backing, vol.ID)
 	}
 	return v.host.LUKSClose(ctx, name)
+}
+
+// RotateKey replaces the passphrase of the encrypted volume staged at
+// staging, while it is in use: the next passphrase goes into a free LUKS
+// keyslot, is proven to open the header, and only then is the current
+// passphrase's keyslot destroyed. The data and the volume key do not
+// change, so the open mapping and every writer carry on. A rotation that
+// stopped part-way is finished by running it again: a header the next
+// passphrase already opens only loses the current one.
+func (v *Volumes) RotateKey(ctx context.Context, vol Volume, staging string, current, next func(context.Context) ([]byte, error)) error {
+	p, err := v.Locate(ctx, vol, staging)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !p.Mine || p.Crypt == nil:
+		return errdefs.Precondition("volume %s is not staged at %s with its dm-crypt mapping open (it holds %s); the key is rotated on the node that stages it", vol.ID, staging, p.Holds())
+	case p.DeviceReadOnly || p.Crypt.ReadOnly:
+		return errdefs.Precondition("volume %s is attached read-only at %s; its LUKS header cannot be changed there", vol.ID, staging)
+	}
+	dev := p.Device
+	cur, err := current(ctx)
+	if err != nil {
+		return err
+	}
+	defer clear(cur)
+	nxt, err := next(ctx)
+	if err != nil {
+		return err
+	}
+	defer clear(nxt)
+	opens := func(key []byte) (bool, error) { return v.host.LUKSTestKey(ctx, dev, key) }
+	ok, err := opens(nxt)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if err := v.host.LUKSAddKey(ctx, dev, cur, nxt); err != nil {
+			return fmt.Errorf("volume %s: %w", vol.ID, err)
+		}
+		if ok, err = opens(nxt); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("volume %s: the key just added to the LUKS header on %s does not open it; the current key stays", vol.ID, dev)
+		}
+	}
+	// Only now that the next key opens the header is the current one
+	// destroyed (cryptsetup would remove the last keyslot without asking).
+	if ok, err := opens(cur); err != nil {
+		return err
+	} else if ok {
+		if err := v.host.LUKSRemoveKey(ctx, dev, cur); err != nil {
+			return fmt.Errorf("volume %s: %w", vol.ID, err)
+		}
+	}
+	v.log.Info("rotated the LUKS key", zap.String("volumeID", vol.ID), zap.String("device", dev))
+	return nil
+}
+
+// StagingPathOf finds where the volume is staged on this node, from the
+// stage records below Options.StageRecordsRoot ("" when nowhere).
+func (v *Volumes) StagingPathOf(volumeID string) (string, error) {
+	if v.opts.StageRecordsRoot == "" {
+		return "", errdefs.Precondition("the node plugin does not know where kubelet's staging paths are (--kubelet-dir)")
+	}
+	mounts, err := v.host.Mounts()
+	if err != nil {
+		return "", err
+	}
+	recs, err := v.host.StageRecords(v.opts.StageRecordsRoot, mounts)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range recs {
+		if r.Record.VolumeID == volumeID {
+			return r.StagingPath, nil
+		}
+	}
+	return "", nil
 }
