@@ -97,6 +97,10 @@ type Encryption struct {
 	// LUKS header before it removes WrappedKey's; a stage that finds the
 	// old key gone opens with it.
 	NextWrappedKey string `json:"nextWrappedKey,omitempty"`
+	// PreviousWrappedKey is the passphrase the last rotation replaced,
+	// kept until the next one: a stage whose header still has it (a
+	// rotation recorded before the node finished) opens with it.
+	PreviousWrappedKey string `json:"previousWrappedKey,omitempty"`
 }
 
 // EncryptionKeeper is implemented by stores that can change an image's

@@ -32,6 +32,10 @@ const (
 	contextEncryptionKMSID   = "encryptionKMSID"
 	contextEncryptionOwner   = "encryptionKeyOwner"
 	contextEncryptionWrapped = "encryptionWrappedKey"
+	// During and after a key rotation (rotation.go): the key it adds, and
+	// the key the last one replaced.
+	contextEncryptionNext     = "encryptionNextWrappedKey"
+	contextEncryptionPrevious = "encryptionPreviousWrappedKey"
 )
 
 // Key owners: whose passphrase a wrap is, to the KMS (a Vault transit key
@@ -162,6 +166,12 @@ func addEncryptionContext(pc map[string]string, e *backend.Encryption) map[strin
 		out[k] = v
 	}
 	out[contextEncryptionKMSID], out[contextEncryptionOwner], out[contextEncryptionWrapped] = e.KMSID, e.KeyOwner, e.WrappedKey
+	if e.NextWrappedKey != "" {
+		out[contextEncryptionNext] = e.NextWrappedKey
+	}
+	if e.PreviousWrappedKey != "" {
+		out[contextEncryptionPrevious] = e.PreviousWrappedKey
+	}
 	return out
 }
 
@@ -185,7 +195,14 @@ func (d *Driver) stageEncryption(pc, vc map[string]string, secrets map[string]st
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "publish_context.%s names a KMS this node does not have (its --kms-config)", contextEncryptionKMSID)
 	}
-	return &node.Encryption{KMS: k.String(), Passphrase: func(ctx context.Context) ([]byte, error) {
-		return k.Unwrap(ctx, owner, wrapped, secrets)
-	}}, nil
+	unwrap := func(w string) func(context.Context) ([]byte, error) {
+		return func(ctx context.Context) ([]byte, error) { return k.Unwrap(ctx, owner, w, secrets) }
+	}
+	enc := &node.Encryption{KMS: k.String(), Passphrase: unwrap(wrapped)}
+	for _, key := range []string{contextEncryptionNext, contextEncryptionPrevious} {
+		if w := pc[key]; w != "" {
+			enc.OtherPassphrases = append(enc.OtherPassphrases, unwrap(w))
+		}
+	}
+	return enc, nil
 }

@@ -3,7 +3,10 @@ package driver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/node"
+	"github.com/spindle-csi/spindle/internal/opsapi"
 )
 
 // Encrypted volumes through the CSI services: the StorageClass parameters,
@@ -213,7 +217,9 @@ type cryptOfThisKernel struct {
 	linux *node.LinuxHost
 }
 
-func (h cryptOfThisKernel) CryptAvailable(ctx context.Context) error { return h.linux.CryptAvailable(ctx) }
+func (h cryptOfThisKernel) CryptAvailable(ctx context.Context) error {
+	return h.linux.CryptAvailable(ctx)
+}
 
 // This machine's kernel has no device mapper: NodeStageVolume of an
 // encrypted volume answers FAILED_PRECONDITION naming dm_crypt, before
@@ -241,5 +247,111 @@ func TestEncryptedStageOnThisKernel(t *testing.T) {
 	t.Logf("NodeStageVolume answers: %v", err)
 	if len(e.loops[defaultKey].Devices) != 0 {
 		t.Fatalf("attached %v", e.loops[defaultKey].Devices)
+	}
+}
+
+// postOps sends a JSON POST to the operators' handler and decodes the answer.
+func postOps(t *testing.T, h http.Handler, path string, in, out any) int {
+	t.Helper()
+	body, _ := json.Marshal(in)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+	if rec.Code == http.StatusOK && out != nil {
+		if err := json.Unmarshal(rec.Body.Bytes(), out); err != nil {
+			t.Fatalf("%s answered %q: %v", path, rec.Body.String(), err)
+		}
+	} else if rec.Code != http.StatusOK && out != nil {
+		if e, ok := out.(*opsapi.Error); ok {
+			_ = json.Unmarshal(rec.Body.Bytes(), e)
+		}
+	}
+	return rec.Code
+}
+
+// A key rotation through the operators' endpoints, as kubectl-spindle makes
+// it, on a staged volume: the header ends up with the next key only, the
+// image records it (and the replaced one), and a restage opens with it.
+func TestKeyRotationEndpoints(t *testing.T) {
+	e := newTestEnv(t)
+	h := e.d.OpsHandler()
+	resp, err := e.CreateVolume(encryptedCreateReq("pvc-rotate", map[string]string{"encrypted": "true"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, vc := resp.GetVolume().GetVolumeId(), resp.GetVolume().GetVolumeContext()
+	e.registerNodes(t, defaultKey, testNodeID)
+	pc := e.mustPublish(t, id, testNodeID, mountCap("ext4", snw), false)
+	stage := e.stageReq(t, id, pc, vc, testSecrets)
+	// The records are found below the driver's kubelet directory.
+	if err := e.NodeStage(stage); err != nil {
+		t.Fatal(err)
+	}
+	old := e.passphraseOf(t, e.image(t, id).Encryption)
+	raw := e.loops[defaultKey].Devices["/dev/loop0"].BackingFile
+
+	var apiErr opsapi.Error
+	if code := postOps(t, h, opsapi.PathRotateKey, opsapi.RotateKeyRequest{VolumeID: id, Secrets: map[string]string{"encryptionPassphrase": "not the Secret, 16+ bytes"}}, &apiErr); code != http.StatusPreconditionFailed || !strings.Contains(apiErr.Error, "does not unwrap") {
+		t.Fatalf("rotate with another Secret: %d %q", code, apiErr.Error)
+	}
+	var plan opsapi.KeyRotation
+	if code := postOps(t, h, opsapi.PathRotateKey, opsapi.RotateKeyRequest{VolumeID: id, Secrets: testSecrets}, &plan); code != http.StatusOK {
+		t.Fatalf("rotate-key: %d", code)
+	}
+	var again opsapi.KeyRotation
+	postOps(t, h, opsapi.PathRotateKey, opsapi.RotateKeyRequest{VolumeID: id, Secrets: testSecrets}, &again)
+	if plan.NextWrappedKey == "" || again.NextWrappedKey != plan.NextWrappedKey || plan.WrappedKey != e.image(t, id).Encryption.WrappedKey {
+		t.Fatalf("plans %+v, %+v", plan, again)
+	}
+	next := e.passphraseOf(t, &backend.Encryption{KMSID: plan.KMSID, KeyOwner: plan.KeyOwner, WrappedKey: plan.NextWrappedKey})
+	// Committing before the node rekeyed keeps the old key reachable.
+	plan.Secrets = testSecrets
+	var done opsapi.RotatedKey
+	if code := postOps(t, h, opsapi.PathRekey, plan, &done); code != http.StatusOK || done.StagingPath != stage.StagingTargetPath || done.Node != testNodeID {
+		t.Fatalf("rekey: %d %+v", code, done)
+	}
+	keys := e.host.LUKSKeyslots(raw)
+	var live [][]byte
+	for _, k := range keys {
+		if k != nil {
+			live = append(live, k)
+		}
+	}
+	if len(live) != 1 || !bytes.Equal(live[0], next) {
+		t.Fatalf("live keyslots %q, want the next key only", live)
+	}
+	if code := postOps(t, h, opsapi.PathCommitKey, opsapi.CommitKeyRequest{VolumeID: id, NextWrappedKey: plan.NextWrappedKey}, nil); code != http.StatusOK {
+		t.Fatalf("commit-key: %d", code)
+	}
+	enc := e.image(t, id).Encryption
+	if enc.WrappedKey != plan.NextWrappedKey || enc.NextWrappedKey != "" || enc.PreviousWrappedKey != plan.WrappedKey {
+		t.Fatalf("image encryption after commit %+v", enc)
+	}
+	// A restage with what the controller publishes now opens.
+	if err := e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage.StagingTargetPath}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ControllerUnpublish(id, testNodeID); err != nil {
+		t.Fatal(err)
+	}
+	pc = e.mustPublish(t, id, testNodeID, mountCap("ext4", snw), false)
+	if pc["encryptionPreviousWrappedKey"] != plan.WrappedKey {
+		t.Fatalf("publish_context %v", pc)
+	}
+	if err := e.NodeStage(e.stageReq(t, id, pc, vc, testSecrets)); err != nil {
+		t.Fatal(err)
+	}
+	// Not staged on this node: the node says so.
+	if err := e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage.StagingTargetPath}); err != nil {
+		t.Fatal(err)
+	}
+	apiErr = opsapi.Error{}
+	if code := postOps(t, h, opsapi.PathRekey, plan, &apiErr); code != http.StatusNotFound || !strings.Contains(apiErr.Error, "is not staged on node node-a") {
+		t.Fatalf("rekey of an unstaged volume: %d %q", code, apiErr.Error)
+	}
+	for _, entry := range e.logs.All() {
+		line := entry.Message + fmt.Sprint(entry.ContextMap())
+		if strings.Contains(line, string(old)) || strings.Contains(line, string(next)) || strings.Contains(line, testKEK) {
+			t.Fatalf("a log line holds key material: %s", line)
+		}
 	}
 }

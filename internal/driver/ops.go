@@ -44,6 +44,7 @@ func (d *Driver) OpsHandler() http.Handler {
 			writeJSON(w, d.NodeVolumes(ctx))
 		})
 	}
+	d.registerRotation(mux)
 	if d.opts.Mode.Controller() {
 		mux.HandleFunc("GET "+opsapi.PathImages, func(w http.ResponseWriter, r *http.Request) {
 			ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)

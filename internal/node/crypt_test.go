@@ -422,7 +422,7 @@ func TestRotateKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := w.encryptedStageReq(tv, "ext4")
-	req.Encryption.NextPassphrase = key(next)
+	req.Encryption.OtherPassphrases = append(req.Encryption.OtherPassphrases, key(next))
 	if err := w.v.Stage(ctx, req); err != nil {
 		t.Fatal(err)
 	}

@@ -19,10 +19,11 @@ type Encryption struct {
 	// Passphrase returns the volume's passphrase; its error names the KMS
 	// and never holds key material. The caller clears what it returns.
 	Passphrase func(ctx context.Context) ([]byte, error)
-	// NextPassphrase, set while a key rotation is under way, returns the
-	// passphrase the rotation adds: a stage that finds the old one
-	// already removed opens with it.
-	NextPassphrase func(ctx context.Context) ([]byte, error)
+	// OtherPassphrases are tried, in order, when Passphrase does not open
+	// the header: the one a key rotation under way adds (the current one
+	// may be gone already), and the one the last rotation replaced (it
+	// may not have reached this header).
+	OtherPassphrases []func(ctx context.Context) ([]byte, error)
 }
 
 // encryptionKeys checks that this node can open LUKS volumes and fetches
@@ -31,10 +32,7 @@ func (v *Volumes) encryptionKeys(ctx context.Context, r StageRequest) ([][]byte,
 	if err := v.host.CryptAvailable(ctx); err != nil {
 		return nil, errdefs.Wrap(errdefs.KindOf(err), err, "volume %s is encrypted", r.ID)
 	}
-	fetch := []func(context.Context) ([]byte, error){r.Encryption.Passphrase}
-	if r.Encryption.NextPassphrase != nil {
-		fetch = append(fetch, r.Encryption.NextPassphrase)
-	}
+	fetch := append([]func(context.Context) ([]byte, error){r.Encryption.Passphrase}, r.Encryption.OtherPassphrases...)
 	var keys [][]byte
 	for _, f := range fetch {
 		key, err := f(ctx)
