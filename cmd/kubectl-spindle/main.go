@@ -1,7 +1,8 @@
 // Command kubectl-spindle is the operators' view of Spindle volumes, as a
 // kubectl plugin (`kubectl spindle ...`): every PV of the driver with its
 // attachments (volumes), the whole chain from a claim to the device on the
-// node (describe), and what is stuck or leaked (doctor). It only reads.
+// node (describe), and what is stuck or leaked (doctor); these only read.
+// rotate-key changes an encrypted volume's key while it is in use.
 // It reaches the driver's node plugins and controller through the API
 // server's pod proxy, with the user's own credentials and kubectl's flags.
 package main
@@ -61,6 +62,7 @@ type clients struct {
 	namespace  string // the namespace -n or the kubeconfig context says
 	nodes      NodePlugins
 	controller Controller // nil: images are not checked
+	rotator    KeyRotator
 	now        time.Time
 }
 
@@ -133,6 +135,8 @@ func realClients(o options) (*clients, error) {
 	if o.controllerURL != "" {
 		c.controller = &httpController{client: httpClient, url: o.controllerURL}
 	}
+	c.rotator = &rotator{client: httpClient, nodes: c.nodes.(*nodePlugins), controller: o.controllerURL,
+		pods: pods, proxy: proxy, nodePort: o.nodePort, ctrlPort: o.controllerPort}
 	return c, nil
 }
 
