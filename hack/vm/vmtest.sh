@@ -188,6 +188,8 @@ for mode in $MODES; do
     run "iscsi-sanity-stock-$target" sanity-iscsi '^TestStockSanityISCSI$' $env
     # With a node plugin (--mode=node) that has no pool, beside a controller.
     run "iscsi-lifecycle-$target" lifecycle '^(TestFullLifecycleISCSI|TestISCSINodeWithoutPool)$' $env
+    # Encrypted volumes (dm-crypt, LUKS2) over the same path.
+    run "luks-$target" lifecycle '^TestEncryptedISCSI$' $env
     [ "${DATAPATH:-}" = 1 ] && run "datapath-iscsi-$target" datapath-iscsi '^BenchmarkDataPathISCSI$' $env $datapath_env
     ;;
   krbd | rbd-nbd)
@@ -200,12 +202,14 @@ for mode in $MODES; do
     run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=block
     run "rbd-sanity-stock-$mode" sanity-rbd '^TestStockSanityRBD$' $env $controller SPINDLE_STOCK_SANITY_RBD=1
     run "rbd-lifecycle-$mode" rbd-e2e '^TestDatabaseMovesBetweenNodes$' $env
+    run "luks-$mode" rbd-e2e '^TestEncryptedRBD$' $env
     [ "${DATAPATH:-}" = 1 ] && run "datapath-rbd-$mode" datapath-rbd '^BenchmarkDataPathRBD$' $env $datapath_env
     ;;
   loop)
     # The loop backend's lifecycle on a real kernel with every capability,
     # online ext4 growth included (it skips on this machine).
     run loop-lifecycle lifecycle '^(TestFullLifecycle|TestFormatOnce|TestExpand|TestSnapshotRestore|TestBlockReadOnlyPublish)$'
+    run luks-loop lifecycle '^TestEncrypted$'
     ;;
   *) echo "vmtest: unknown mode $mode"; exit 2 ;;
   esac

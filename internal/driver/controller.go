@@ -78,7 +78,7 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 
-	spec, err := volumeSpec(req, caps[0], params.shaping, source)
+	spec, err := volumeSpec(req, caps[0], params, source)
 	if err != nil {
 		return nil, err
 	}
@@ -107,13 +107,13 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 // volumeSpec is what the store is asked for: the first capability's
 // access type and filesystem (a copy keeps its source's), and a size that
 // fits the request, the filesystem's minimum and the source.
-func volumeSpec(req *csi.CreateVolumeRequest, c capability, shaping map[string]string, source *contentSource) (backend.VolumeSpec, error) {
+func volumeSpec(req *csi.CreateVolumeRequest, c capability, params volumeParameters, source *contentSource) (backend.VolumeSpec, error) {
 	spec := backend.VolumeSpec{
 		Name:              req.GetName(),
 		RequiredBytes:     req.GetCapacityRange().GetRequiredBytes(),
 		LimitBytes:        req.GetCapacityRange().GetLimitBytes(),
 		AccessType:        c.accessType,
-		Parameters:        shaping,
+		Parameters:        params.shaping,
 		MutableParameters: req.GetMutableParameters(),
 	}
 	var minBytes int64
@@ -127,6 +127,10 @@ func volumeSpec(req *csi.CreateVolumeRequest, c capability, shaping map[string]s
 			return spec, err
 		}
 		spec.FsType, minBytes = fs.Name, fs.MinBytes
+	}
+	if params.encrypted {
+		// The filesystem lives on the dm-crypt mapping, after the LUKS2 header.
+		minBytes += node.LUKSHeaderBytes
 	}
 	capacity := req.GetCapacityRange()
 	if source != nil {

@@ -59,6 +59,11 @@ var luksFormatArgs = []string{
 // keyslotArgs are the key-derivation settings of a slot added by rotation.
 var keyslotArgs = []string{"--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--hash", "sha256"}
 
+// LUKSHeaderBytes is what the LUKS2 header LUKSFormat makes takes of the
+// device: the data starts there (cryptsetup luksDump: "offset: 16777216
+// [bytes]"), so an encrypted volume's filesystem is that much smaller.
+const LUKSHeaderBytes = 16 << 20
+
 // cryptsetup exit statuses (cryptsetup(8)).
 const (
 	cryptsetupNoPermission = 2 // "No key available with this passphrase."

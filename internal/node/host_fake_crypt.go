@@ -17,9 +17,8 @@ import (
 // belong to the decrypted data, not to the raw device. cryptsetup's
 // answers are the ones cryptsetup 2.6 prints.
 
-// luksDataOffset is where a LUKS2 header made by LUKSFormat ends and the
-// data starts (cryptsetup luksDump: "offset: 16777216 [bytes]").
-const luksDataOffset = 16 << 20
+// luksDataOffset is where the LUKS2 header ends and the data starts.
+const luksDataOffset = LUKSHeaderBytes
 
 // fakeCryptMajor is the device-mapper major number the fake gives mappings.
 const fakeCryptMajor = 253
