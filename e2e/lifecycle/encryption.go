@@ -57,7 +57,7 @@ type EncryptionBackend struct {
 const kmsSecretKey = kms.DefaultSecretKey
 
 // RequireDMCrypt skips a test on a kernel without dm-crypt, naming it.
-func RequireDMCrypt(t *testing.T) {
+func RequireDMCrypt(t testing.TB) {
 	t.Helper()
 	testutil.RequireRoot(t, "open dm-crypt mappings")
 	testutil.RequireCommands(t, "cryptsetup", "dmsetup")
