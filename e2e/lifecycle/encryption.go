@@ -93,8 +93,12 @@ type syncBuffer struct {
 	buf *bytes.Buffer
 }
 
-func (s syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.buf.Write(p) }
-func (s syncBuffer) Sync() error                 { return nil }
+func (s syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+func (s syncBuffer) Sync() error { return nil }
 
 func newEncRun(t *testing.T, b EncryptionBackend) *encRun {
 	t.Helper()
