@@ -346,10 +346,17 @@ func TestEncryptedLocateAndOwnership(t *testing.T) {
 	if len(errs) != 0 || len(vols) != 1 || !vols[0].Encrypted || vols[0].CryptMapping != MapperPath(CryptName(a.ID)) || vols[0].MountState != MountStateMounted || vols[0].Problem != "" {
 		t.Fatalf("inventory %+v, %v", vols, errs)
 	}
-	// Health looks at the mapping the filesystem is on.
-	problems, err := w.v.Health(ctx, a.Volume, a.staging, "")
-	if err != nil || len(problems) != 0 {
-		t.Fatalf("Health = %v, %v", problems, err)
+	// Health looks at the mapping the filesystem is on, whether it finds
+	// the volume by its staging path or by its devices.
+	for _, staging := range []string{a.staging, ""} {
+		problems, err := w.v.Health(ctx, a.Volume, staging, "")
+		if err != nil || len(problems) != 0 {
+			t.Fatalf("Health(staging %q) = %v, %v", staging, problems, err)
+		}
+	}
+	w.mustPublish(a, a.target, false)
+	if problems, err := w.v.Health(ctx, a.Volume, "", a.target); err != nil || len(problems) != 0 {
+		t.Fatalf("Health(publish only) = %v, %v", problems, err)
 	}
 }
 

@@ -3,6 +3,9 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
+
+	"github.com/spindle-csi/spindle/internal/backend"
 
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -134,6 +137,12 @@ func (v *Volumes) stagedDevice(ctx context.Context, vol Volume, staging string) 
 	devs, err := vol.Attacher.Devices(ctx, vol.Image)
 	if err != nil {
 		return "", false, err
+	}
+	// An encrypted volume is used through its mapping, if it is open.
+	if m, err := v.host.CryptMappingByName(CryptName(vol.ID)); err != nil {
+		return "", false, err
+	} else if m.Found() && slices.ContainsFunc(devs, func(d backend.Device) bool { return d.Path == m.Backing }) {
+		return m.Path, false, nil
 	}
 	for _, d := range devs {
 		if !d.ReadOnly {
