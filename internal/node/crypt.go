@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -173,17 +174,33 @@ func (h *LinuxHost) LUKSOpen(ctx context.Context, dev, name string, passphrase [
 }
 
 // LUKSClose implements Host: a mapping that is not open is fine; one in use
-// is ErrPrecondition.
+// is ErrPrecondition. Right after an unmount udev's probe of the mapping
+// can hold it for a moment, so a busy close is tried a few times.
 func (h *LinuxHost) LUKSClose(ctx context.Context, name string) error {
-	err := h.cryptsetup(ctx, nil, "close", name)
-	switch code := command.ExitCode(err); {
-	case err == nil, code == cryptsetupNotActive:
-		return nil
-	case code == cryptsetupBusy:
-		return errdefs.Wrap(errdefs.ErrPrecondition, err, "dm-crypt mapping %s is still in use", name)
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = h.cryptsetup(ctx, nil, "close", name)
+		switch code := command.ExitCode(err); {
+		case err == nil, code == cryptsetupNotActive:
+			return nil
+		case code != cryptsetupBusy:
+			return fmt.Errorf("close dm-crypt mapping %s: %w", name, err)
+		case attempt == closeAttempts-1:
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "dm-crypt mapping %s is still in use", name)
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "dm-crypt mapping %s is still in use", name)
+		case <-time.After(closeRetryDelay):
+		}
 	}
-	return fmt.Errorf("close dm-crypt mapping %s: %w", name, err)
 }
+
+// A busy close is tried closeAttempts times, closeRetryDelay apart.
+const (
+	closeAttempts   = 5
+	closeRetryDelay = 200 * time.Millisecond
+)
 
 // LUKSResize implements Host: the mapping grows to fill its backing device.
 func (h *LinuxHost) LUKSResize(ctx context.Context, name string) error {
