@@ -137,12 +137,15 @@ func (r *encRun) client(drv *harness.Driver) *Client {
 var encryptedParams = map[string]string{"encrypted": "true"}
 
 // volume creates an encrypted volume and removes whatever is left of it
-// when the test ends.
+// when the test ends. Its staging path is where kubelet puts one, below
+// the driver's kubelet directory, where the node plugin finds its stage
+// records (a key rotation asks it where the volume is staged).
 func (r *encRun) volume(name string, size int64, vc *csi.VolumeCapability, params map[string]string, source *csi.VolumeContentSource) *Volume {
 	r.t.Helper()
-	staging := filepath.Join(r.dir, name, "globalmount")
+	csiDir := filepath.Join(r.drv.KubeletDir, "plugins/kubernetes.io/csi")
+	staging := filepath.Join(csiDir, "spindle.csi.dev", name, "globalmount")
 	if vc.GetBlock() != nil {
-		staging = filepath.Join(r.dir, name, "staging")
+		staging = filepath.Join(csiDir, "volumeDevices/staging", name)
 	}
 	if err := os.MkdirAll(filepath.Dir(staging), 0o750); err != nil {
 		r.t.Fatal(err)
