@@ -292,7 +292,7 @@ func RunEncryption(t *testing.T, b EncryptionBackend) {
 		size int64
 	}{
 		{"ext4", MountCapability("ext4"), 128 << 20},
-		{"xfs", MountCapability("xfs"), 512 << 20},
+		{"xfs", MountCapability("xfs"), 320 << 20},
 		{"block", BlockCapability(), 128 << 20},
 	} {
 		t.Run("lifecycle-"+tc.name, func(t *testing.T) { encLifecycle(t, b, tc.name, tc.vc, tc.size) })
