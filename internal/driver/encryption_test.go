@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/config"
+	"github.com/spindle-csi/spindle/internal/kms/kmstest"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
 )
@@ -353,5 +356,78 @@ func TestKeyRotationEndpoints(t *testing.T) {
 		if strings.Contains(line, string(old)) || strings.Contains(line, string(next)) || strings.Contains(line, testKEK) {
 			t.Fatalf("a log line holds key material: %s", line)
 		}
+	}
+}
+
+// An encrypted volume whose KMS is a real Vault-compatible server (transit
+// engine, dev mode, 127.0.0.1): a transit key per volume, made at
+// CreateVolume and deleted at DeleteVolume; with the server stopped a stage
+// fails UNAVAILABLE naming the KMS, and nothing is attached or formatted.
+func TestEncryptedVolumeWithVault(t *testing.T) {
+	v := kmstest.StartVault(t)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(v.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "kms.json")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`{"vault-test": {"encryptionKMSType": "vaulttransit", "vaultAddress": %q, "vaultTokenFile": %q, "vaultTimeout": "5s"}}`, v.Addr, tokenFile)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnv(t, func(o *config.Options) { o.KMSConfigFile = cfg })
+	params := map[string]string{"encrypted": "true", "encryptionKMSID": "vault-test"}
+	keysOf := func(prefix string) []string {
+		var out []string
+		for _, k := range v.TransitKeys(t) {
+			if strings.HasPrefix(k, prefix) {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	create := func(name string) (string, map[string]string) {
+		req := encryptedCreateReq(name, params)
+		req.Secrets = nil // the token is in the configuration
+		resp, err := e.CreateVolume(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetVolume().GetVolumeId(), resp.GetVolume().GetVolumeContext()
+	}
+	id, vc := create("pvc-vault")
+	if keys := keysOf("spindle-volume.pvc-vault-"); len(keys) != 1 {
+		t.Fatalf("transit keys %v; want one for the volume", v.TransitKeys(t))
+	}
+	e.registerNodes(t, defaultKey, testNodeID)
+	pc := e.mustPublish(t, id, testNodeID, mountCap("ext4", snw), false)
+	if !strings.HasPrefix(pc["encryptionWrappedKey"], "vault:v1:") || pc["encryptionKMSID"] != "vault-test" {
+		t.Fatalf("publish_context %v", pc)
+	}
+	stage := e.stageReq(t, id, pc, vc, nil)
+	if err := e.NodeStage(stage); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.host.CryptMappings()) != 1 {
+		t.Fatalf("mappings %v", e.host.CryptMappings())
+	}
+	if err := e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage.StagingTargetPath}); err != nil {
+		t.Fatal(err)
+	}
+	// Deleting a volume deletes its transit key.
+	other, _ := create("pvc-vault-deleted")
+	if err := e.DeleteVolume(other); err != nil {
+		t.Fatal(err)
+	}
+	if keys := keysOf("spindle-volume.pvc-vault-deleted-"); len(keys) != 0 {
+		t.Fatalf("transit keys after DeleteVolume: %v", keys)
+	}
+	// The server stopped: the stage fails naming it, before anything is attached.
+	v.Stop()
+	e.host.Calls = nil
+	err := e.NodeStage(stage)
+	wantCode(t, err, codes.Unavailable, "kms vault-test (Vault transit at "+v.Addr, "is unreachable")
+	t.Logf("with the server stopped, NodeStageVolume answers: %v", err)
+	if len(e.loops[defaultKey].Devices) != 0 || len(e.host.Calls) != 0 {
+		t.Fatalf("a stage without its KMS attached %v and did %v", e.loops[defaultKey].Devices, e.host.Calls)
 	}
 }
