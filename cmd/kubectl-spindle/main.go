@@ -135,7 +135,8 @@ func realClients(o options) (*clients, error) {
 	if o.controllerURL != "" {
 		c.controller = &httpController{client: httpClient, url: o.controllerURL}
 	}
-	c.rotator = &rotator{client: httpClient, nodes: c.nodes.(*nodePlugins), controller: o.controllerURL,
+	// A rotation's steps are bounded by rotationTimeout, not the reads' timeout.
+	c.rotator = &rotator{client: &http.Client{}, nodes: c.nodes.(*nodePlugins), controller: o.controllerURL,
 		pods: pods, proxy: proxy, nodePort: o.nodePort, ctrlPort: o.controllerPort}
 	return c, nil
 }

@@ -163,8 +163,12 @@ func answerOf(status int, body []byte, out any) error {
 	return json.Unmarshal(body, out)
 }
 
+// rotationTimeout bounds one request of a rotation; the driver gives each
+// step two minutes.
+const rotationTimeout = 3 * time.Minute
+
 func postJSON(ctx context.Context, client *http.Client, url string, in, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, rotationTimeout)
 	defer cancel()
 	data, err := json.Marshal(in)
 	if err != nil {
@@ -193,7 +197,7 @@ func postJSON(ctx context.Context, client *http.Client, url string, in, out any)
 // postJSON POSTs to a pod's endpoint through the API server's proxy: it
 // needs "create" on pods/proxy.
 func (pp *podProxy) postJSON(ctx context.Context, pod *corev1.Pod, port int, path string, in, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, pp.timeout)
+	ctx, cancel := context.WithTimeout(ctx, max(pp.timeout, rotationTimeout))
 	defer cancel()
 	data, err := json.Marshal(in)
 	if err != nil {

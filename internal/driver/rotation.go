@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -33,6 +34,11 @@ import (
 
 // maxOpsRequest bounds the body of a POST to the operators' endpoints.
 const maxOpsRequest = 64 << 10
+
+// rotationTimeout bounds one step of a key rotation: two unwraps by the KMS
+// and five cryptsetup calls on the node, each with its own deadline, took
+// more than opsTimeout's 10 s in an emulated guest.
+const rotationTimeout = 2 * time.Minute
 
 // planKeyRotation is step 1.
 func (d *Driver) planKeyRotation(ctx context.Context, r opsapi.RotateKeyRequest) (*opsapi.KeyRotation, error) {
@@ -159,7 +165,7 @@ func (d *Driver) commitKey(ctx context.Context, r opsapi.CommitKeyRequest) error
 // answer, or the error with the status its kind maps to.
 func servePost[Req, Resp any](d *Driver, handle func(context.Context, Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), rotationTimeout)
 		defer cancel()
 		var req Req
 		dec := json.NewDecoder(io.LimitReader(r.Body, maxOpsRequest))
