@@ -5,11 +5,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spindle-csi/spindle/e2e/harness"
 	"github.com/spindle-csi/spindle/e2e/lifecycle"
 	"github.com/spindle-csi/spindle/internal/backend/rbd/rbdtest"
 )
+
+// rawImageTimeout bounds the export of one test image.
+const rawImageTimeout = 5 * time.Minute
 
 // TestEncryptedRBD: encrypted volumes on Ceph RBD through the run's mounter
 // (make vmtest's luks-krbd and luks-rbd-nbd): the objects in the pool hold
@@ -31,7 +35,12 @@ func TestEncryptedRBD(t *testing.T) {
 		RawImage: func(t *testing.T, _ *harness.Driver, volumeID string) []byte {
 			t.Helper()
 			image := volumeID[strings.LastIndexByte(volumeID, '/')+1:]
-			data, err := cl.RBD(context.Background(), "export", "--no-progress", cl.Pool+"/"+image, "-")
+			// The whole image, through the guest's emulated network in
+			// make vmtest: 320 MiB (the xfs volume) took more than rbd's
+			// default minute there.
+			ctx, cancel := context.WithTimeout(context.Background(), rawImageTimeout)
+			defer cancel()
+			data, err := cl.RBD(ctx, "export", "--no-progress", cl.Pool+"/"+image, "-")
 			if err != nil {
 				t.Fatal(err)
 			}
