@@ -211,14 +211,10 @@ func (c *Cluster) Secrets() map[string]string {
 	return map[string]string{"userID": c.User, "userKey": c.Key}
 }
 
-// RBD runs the rbd CLI as admin on the test pool's cluster, within ctx's
-// deadline or, when ctx has none, a minute.
+// RBD runs the rbd CLI as admin on the test pool's cluster.
 func (c *Cluster) RBD(ctx context.Context, args ...string) ([]byte, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, "rbd", append(args, "-c", c.Conf)...)
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	var stderr bytes.Buffer
