@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 
 	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -191,24 +190,4 @@ func (d *Driver) removeStaticRecord(handle string) error {
 		return err
 	}
 	return nil
-}
-
-// staticHandles lists the handles this node has records of (for tests and
-// operators).
-func (d *Driver) staticHandles() []string {
-	dir, err := d.staticDir()
-	if err != nil {
-		return nil
-	}
-	entries, _ := os.ReadDir(dir)
-	var out []string
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		var sv staticVolume
-		if err == nil && json.Unmarshal(b, &sv) == nil {
-			out = append(out, sv.Handle)
-		}
-	}
-	sort.Strings(out)
-	return out
 }
