@@ -272,7 +272,9 @@ func TestAdoptEndpoint(t *testing.T) {
 		{func(r *opsapi.AdoptRequest) { r.AccessType = "fuse" }, http.StatusBadRequest, "accessType"},
 		{func(r *opsapi.AdoptRequest) { r.Attributes = map[string]string{"clusterID": "other", "pool": "p"} }, http.StatusNotFound, "no configured backend"},
 		{func(r *opsapi.AdoptRequest) { r.Parameters = map[string]string{"backend": defaultKey} }, http.StatusBadRequest, "pick backend " + defaultKey},
-		{func(r *opsapi.AdoptRequest) { r.Attributes = map[string]string{"clusterID": "rook-ceph", "pool": "p", "imageName": "missing"} }, http.StatusNotFound, "missing"},
+		{func(r *opsapi.AdoptRequest) {
+			r.Attributes = map[string]string{"clusterID": "rook-ceph", "pool": "p", "imageName": "missing"}
+		}, http.StatusNotFound, "missing"},
 	} {
 		r := good
 		tt.change(&r)
