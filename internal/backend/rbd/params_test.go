@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	utilexec "k8s.io/utils/exec"
+	"sigs.k8s.io/yaml"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/command"
@@ -365,5 +366,46 @@ func TestSecretsAdminID(t *testing.T) {
 			continue
 		}
 		cred.cleanup()
+	}
+}
+
+// TestRookExampleClasses: Rook's example StorageClass and
+// VolumeSnapshotClass (testdata, only the provisioner changed) are taken
+// as they are, with ceph-csi's meaning: Rook's cluster and pool, layering.
+func TestRookExampleClasses(t *testing.T) {
+	s := paramStore(t, rookClusterMap)
+	read := func(file string) map[string]string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join("testdata", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var class struct {
+			Provisioner, Driver string
+			Parameters          map[string]string
+		}
+		if err := yaml.Unmarshal(b, &class); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if class.Provisioner+class.Driver != "spindle.csi.dev" || len(class.Parameters) == 0 {
+			t.Fatalf("%s: provisioner %q, driver %q, %d parameters", file, class.Provisioner, class.Driver, len(class.Parameters))
+		}
+		return class.Parameters
+	}
+	sc := read("rook-storageclass.yaml")
+	if !s.Claims(sc) {
+		t.Fatalf("the store does not claim Rook's StorageClass (clusterID %q)", sc["clusterID"])
+	}
+	o, err := s.volumeOptionsOf(sc)
+	if err != nil {
+		t.Fatalf("Rook's StorageClass: %v", err)
+	}
+	if o.loc != (location{cluster: "rook-ceph", pool: "replicapool"}) || o.features != "layering" || o.mounter != MounterKRBD {
+		t.Fatalf("Rook's StorageClass gives %+v", o)
+	}
+	vsc := read("rook-snapshotclass.yaml")
+	source := location{cluster: "rook-ceph", pool: "replicapool"}.ref("csi-vol-0123456789abcdef0123456789abcdef")
+	if so, err := s.snapshotOptionsOf(source, vsc); err != nil || so.prefix != snapPrefix {
+		t.Fatalf("Rook's VolumeSnapshotClass: %+v, %v", so, err)
 	}
 }
