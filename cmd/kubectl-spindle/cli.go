@@ -61,7 +61,7 @@ func newRootCommand(stdout, stderr io.Writer, makeClients func(options) (*client
 	// Every command takes these, as before the plugin had subcommands, so
 	// that scripts may give the same flags to each.
 	c.addReachFlags(flags)
-	flags.StringVar(&c.o.controllerURL, "controller-url", "", "doctor: the controller's metrics address (http://HOST:PORT), read directly instead of through the API server")
+	flags.StringVar(&c.o.controllerURL, "controller-url", "", "doctor and adopt: the controller's metrics address (http://HOST:PORT), reached directly instead of through the API server")
 	flags.DurationVar(&c.o.stuckAfter, "stuck-after", 5*time.Minute, "doctor: how old an attach or detach error, or an unfinished detach, must be to count as stuck")
 	root.AddCommand(c.volumesCommand(), c.describeCommand(), c.doctorCommand(), c.adoptCommand())
 	return root

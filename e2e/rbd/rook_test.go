@@ -164,7 +164,8 @@ func retryAborted(call func() error) error {
 // map lists now. The map names first an address where no monitor listens
 // (calls fail), then the monitor's msgr1 address, then its msgr2 address
 // (another address of the same Ceph), then no monitor again and the
-// monitor again; the one driver process never restarts.
+// monitor again; the one driver process never restarts. (It starts with
+// the map naming the monitor's msgr1 address.)
 func TestClusterMapFollowedLive(t *testing.T) {
 	cl := rbdtest.Require(t)
 	if cl.MonitorV1 == "" {
@@ -192,9 +193,10 @@ func TestClusterMapFollowedLive(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// No monitor listens on port 1.
+	// No monitor listens on port 1. The driver starts with the map naming
+	// the monitor (its start-up upkeep reaches the cluster).
 	const nowhere = "127.0.0.1:1"
-	writeMap(nowhere)
+	writeMap(cl.MonitorV1)
 	config := fmt.Sprintf(`defaultBackend: rbd/rook
 backends:
   - type: rbd
@@ -224,6 +226,7 @@ backends:
 		}
 	}
 	staging := filepath.Join(dir, "staging")
+	writeMap(nowhere)
 	failsThere("CreateVolume", func(ctx context.Context) error {
 		_, err := c.Create(ctx, "pvc-moved-mon", 64<<20, lifecycle.MountCapability(""), params, staging)
 		return err
