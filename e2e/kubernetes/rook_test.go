@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -102,6 +103,9 @@ func (r rookCeph) dataObjects(t *testing.T, image string) int {
 func TestAdoptCephCSIVolume(t *testing.T) {
 	r := requireRookCeph(t)
 	c := connect(t)
+	// Before the test's namespace, so that they go after its claims.
+	r.rookNamespace(t, c)
+	class, snapClass := rookClasses(t, c)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 
@@ -124,51 +128,17 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 	r.run(t, "rbd", "resize", "--no-progress", "--size", "1024M", r.pool+"/"+image)
 	t.Cleanup(func() {
 		// The adopted volume is deleted with its claim; a test that
-		// failed before may leave the image.
-		_ = exec.Command("rbd", "rm", "--no-progress", r.pool+"/"+image, "-c", r.conf).Run()
+		// failed before the adoption leaves the image.
+		if t.Failed() {
+			_ = exec.Command("rbd", "rm", "--no-progress", r.pool+"/"+image, "-c", r.conf).Run()
+		}
 	})
 	objects := r.dataObjects(t, image)
-
-	// Rook's secrets, as Rook creates them (here with the admin user).
-	key := r.adminKey(t)
-	for _, name := range []string{"rook-csi-rbd-provisioner", "rook-csi-rbd-node"} {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, StringData: map[string]string{"userID": "admin", "userKey": key}}
-		if _, err := c.Client.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Spindle's class: Rook's example StorageClass with only the
-	// provisioner changed.
-	class := "rook-ceph-block-" + ns
-	secretParams := func(kinds ...string) map[string]string {
-		p := map[string]string{}
-		for _, k := range kinds {
-			name := "rook-csi-rbd-provisioner"
-			if k == "node-stage" {
-				name = "rook-csi-rbd-node"
-			}
-			p["csi.storage.k8s.io/"+k+"-secret-name"] = name
-			p["csi.storage.k8s.io/"+k+"-secret-namespace"] = ns
-		}
-		return p
-	}
-	params := secretParams("provisioner", "controller-expand", "node-stage")
-	for k, v := range map[string]string{"clusterID": r.clusterID, "pool": r.pool, "imageFormat": "2", "imageFeatures": "layering", "csi.storage.k8s.io/fstype": "ext4"} {
-		params[k] = v
-	}
-	expand := true
-	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: driverName, Parameters: params, AllowVolumeExpansion: &expand}
-	if _, err := c.Client.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
-	})
 
 	// The PV and claim ceph-csi's provisioner made for it.
 	oldPV := "pvc-" + uuid
 	block := corev1.PersistentVolumeBlock
-	cephClass := "rook-ceph-block"
+	cephClass := "rook-ceph-block-of-ceph-csi"
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: oldPV, Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": "rook-ceph.rbd.csi.ceph.com"}},
 		Spec: corev1.PersistentVolumeSpec{
@@ -185,7 +155,7 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 					"clusterID": r.clusterID, "pool": r.pool, "imageName": image, "imageFeatures": "layering", "imageFormat": "2",
 					"journalPool": r.pool, "storage.kubernetes.io/csiProvisionerIdentity": "1700000000000-1234-rook-ceph.rbd.csi.ceph.com",
 				},
-				NodeStageSecretRef: &corev1.SecretReference{Name: "rook-csi-rbd-node", Namespace: ns},
+				NodeStageSecretRef: &corev1.SecretReference{Name: "rook-csi-rbd-node", Namespace: "rook-ceph"},
 			}},
 		},
 	}
@@ -193,9 +163,8 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, name := range []string{oldPV, oldPV + "-spindle"} {
-			_ = c.Client.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{})
-		}
+		// Retained while adopt runs: a test that failed then leaves it.
+		_ = c.Client.CoreV1().PersistentVolumes().Delete(context.Background(), oldPV, metav1.DeleteOptions{})
 	})
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: ns},
@@ -253,19 +222,7 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 	}
 	c.DeletePod(t, ns, "reader")
 
-	// A snapshot of the adopted volume, restored.
-	snapClass := "rook-" + ns
-	vsc := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
-		"metadata": map[string]any{"name": snapClass}, "driver": driverName, "deletionPolicy": "Delete",
-		"parameters": map[string]any{"clusterID": r.clusterID, "csi.storage.k8s.io/snapshotter-secret-name": "rook-csi-rbd-provisioner", "csi.storage.k8s.io/snapshotter-secret-namespace": ns},
-	}}
-	if _, err := c.Dynamic.Resource(volumeSnapshotClasses).Create(ctx, vsc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Dynamic.Resource(volumeSnapshotClasses).Delete(context.Background(), snapClass, metav1.DeleteOptions{})
-	})
+	// A snapshot of the adopted volume (Rook's VolumeSnapshotClass), restored.
 	c.snapshot(t, ns, "snap", snapClass, "data")
 	group := "snapshot.storage.k8s.io"
 	c.Claim(t, ns, "restored", kube.ClaimOptions{StorageClass: class, Block: true, DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
@@ -289,6 +246,32 @@ func rookClass(t *testing.T, file string, v any) {
 	}
 }
 
+// rookClasses creates Rook's example StorageClass and VolumeSnapshotClass
+// (testdata: Rook's files with only the provisioner changed) and deletes
+// them when the test ends; it returns their names.
+func rookClasses(t *testing.T, c *cluster) (class, snapshotClass string) {
+	t.Helper()
+	ctx := context.Background()
+	var sc storagev1.StorageClass
+	rookClass(t, "rook-storageclass.yaml", &sc)
+	if _, err := c.Client.StorageV1().StorageClasses().Create(ctx, &sc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, metav1.DeleteOptions{})
+	})
+	var vsc map[string]any
+	rookClass(t, "rook-snapshotclass.yaml", &vsc)
+	name, _, _ := unstructured.NestedString(vsc, "metadata", "name")
+	if _, err := c.Dynamic.Resource(volumeSnapshotClasses).Create(ctx, &unstructured.Unstructured{Object: vsc}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Dynamic.Resource(volumeSnapshotClasses).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return sc.Name, name
+}
+
 // rookNamespace creates Rook's namespace with Rook's two secrets, shaped
 // as Rook creates them (userID, userKey; here the admin user), and
 // deletes it when the test ends. Called before the test's own namespace,
@@ -300,7 +283,12 @@ func (r rookCeph) rookNamespace(t *testing.T, c *cluster) {
 		t.Fatalf("create namespace rook-ceph: %v", err)
 	}
 	t.Cleanup(func() {
+		// Gone before the next test makes it again.
 		_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), "rook-ceph", metav1.DeleteOptions{})
+		c.WaitFor(t, "namespace rook-ceph gone", func(ctx context.Context) (bool, error) {
+			_, err := c.Client.CoreV1().Namespaces().Get(ctx, "rook-ceph", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
 	})
 	key := r.adminKey(t)
 	for _, name := range []string{"rook-csi-rbd-provisioner", "rook-csi-rbd-node"} {
@@ -334,28 +322,11 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
 	}
 	r.rookNamespace(t, c)
+	class, vscName := rookClasses(t, c)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 
-	var sc storagev1.StorageClass
-	rookClass(t, "rook-storageclass.yaml", &sc)
-	if _, err := c.Client.StorageV1().StorageClasses().Create(ctx, &sc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, metav1.DeleteOptions{})
-	})
-	var vsc map[string]any
-	rookClass(t, "rook-snapshotclass.yaml", &vsc)
-	vscName := vsc["metadata"].(map[string]any)["name"].(string)
-	if _, err := c.Dynamic.Resource(volumeSnapshotClasses).Create(ctx, &unstructured.Unstructured{Object: vsc}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Dynamic.Resource(volumeSnapshotClasses).Delete(context.Background(), vscName, metav1.DeleteOptions{})
-	})
-
-	_, pv := c.Claim(t, ns, "before", kube.ClaimOptions{StorageClass: sc.Name})
+	_, pv := c.Claim(t, ns, "before", kube.ClaimOptions{StorageClass: class})
 	wrote := c.writeFile(t, ns, "writer", "before", pv)
 	c.DeletePod(t, ns, "writer")
 	c.snapshot(t, ns, "snap", vscName, "before")
@@ -390,7 +361,7 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "after", Namespace: ns},
 		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &sc.Name, VolumeMode: &mode,
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &class, VolumeMode: &mode,
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
 	}
@@ -415,7 +386,7 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	c.Pod(t, ns, "new-writer", "after", kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
 	c.WaitPod(t, ns, "new-writer", corev1.PodRunning)
 	group := "snapshot.storage.k8s.io"
-	c.Claim(t, ns, "restored", kube.ClaimOptions{StorageClass: sc.Name, DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
+	c.Claim(t, ns, "restored", kube.ClaimOptions{StorageClass: class, DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
 	c.Pod(t, ns, "reader", "restored", kube.PodOptions{Args: []string{"verify", "/data/file"}})
 	if msg := kube.TerminationMessage(c.WaitPod(t, ns, "reader", corev1.PodSucceeded)); msg != "verified "+wrote {
 		t.Fatalf("the reader of the restored snapshot says %q, want verified %s", msg, wrote)
