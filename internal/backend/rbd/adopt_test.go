@@ -48,8 +48,8 @@ func dataObjects(ctx context.Context, t *testing.T, cl *rbdtest.Cluster, image s
 // imageName) becomes a Spindle volume in place: the dry run writes
 // nothing, the adoption writes only metadata (the data objects and the
 // data are unchanged), adopting again is idempotent and under another
-// name refused, and the adopted volume is snapshotted and restored as any
-// other.
+// name refused (also one that stopped half-written is finished), and the
+// adopted volume is snapshotted and restored as any other.
 func TestAdoptCephCSIImage(t *testing.T) {
 	cl := rbdtest.Require(t)
 	inst, s, ctx := controller(t, cl, rbd.Config{}, nil)
@@ -85,6 +85,11 @@ func TestAdoptCephCSIImage(t *testing.T) {
 		t.Fatalf("after the dry run the image is a volume: %v", err)
 	}
 
+	// An adoption that stopped between its two writes (the name is
+	// written, the volume record not) is finished by the next one.
+	if _, err := cl.RBD(ctx, "image-meta", "set", cl.Pool+"/"+image, "spindle.name", "pvc-4711"); err != nil {
+		t.Fatal(err)
+	}
 	spec.DryRun = false
 	img, err := s.Adopt(ctx, spec)
 	if err != nil {

@@ -2,6 +2,8 @@ package rbd
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -168,10 +170,14 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ima
 		return nil, err
 	}
 	if name, ok := meta[metaName]; ok {
-		if name == spec.Name && meta[metaVolume] != "" {
+		switch {
+		case name == spec.Name && meta[metaVolume] != "":
 			return s.decode(id, info, meta) // adopted already
+		case name != spec.Name:
+			return nil, errdefs.Precondition("adopt %s: the image already is Spindle's %q", r.spec(), name)
 		}
-		return nil, errdefs.Precondition("adopt %s: the image already is Spindle's %q", r.spec(), name)
+		// The name without the volume record: an adoption under this
+		// name that stopped between the two writes; it is done again.
 	}
 	w, err := s.watchers(ctx, r)
 	if err != nil {
@@ -189,6 +195,12 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ima
 		return nil, err
 	}
 	if err := s.setMeta(ctx, r, meta); err != nil {
+		// The keys are written one by one: take back what was, so that
+		// the image is as it was (best effort; a retry under the same
+		// name finishes a half-written one anyway).
+		if rerr := s.setMeta(context.WithoutCancel(ctx), r, map[string]string{metaName: "", metaVolume: ""}); rerr != nil {
+			return nil, errors.Join(err, fmt.Errorf("remove the records written: %w", rerr))
+		}
 		return nil, err
 	}
 	img, _, err := s.getImage(ctx, id)
