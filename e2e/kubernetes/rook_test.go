@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spindle-csi/spindle/e2e/kube"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 )
 
@@ -184,9 +187,25 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 		return err == nil && got.Status.Phase == corev1.ClaimBound, err
 	})
 
+	// The workload on the claim: a Deployment whose pod cannot start while
+	// the claim is ceph-csi's (no ceph-csi runs here), as a workload that
+	// adopt scales down and back.
+	app := appOn(c, ns, "app", "data")
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, app, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.AppsV1().Deployments(ns).Delete(context.Background(), "app", metav1.DeleteOptions{})
+	})
+	c.WaitFor(t, "a pod of deployment app", func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=app"})
+		return err == nil && len(pods.Items) == 1, err
+	})
+
 	dry := c.kubectlSpindle(t, "adopt", "pvc/data", "-n", ns, "--controller-url", r.controllerURL, "--dry-run")
 	t.Logf("$ kubectl spindle adopt pvc/data -n %s --dry-run\n%s", ns, dry)
-	for _, want := range []string{"would delete claim " + ns + "/data", "would create PV " + oldPV + "-spindle", "dry run: nothing was changed"} {
+	for _, want := range []string{"would scale deployment/app from 1 to 0 replicas", "would delete claim " + ns + "/data", "would create PV " + oldPV + "-spindle",
+		"would scale deployment/app back to 1 replicas", "dry run: nothing was changed"} {
 		if !strings.Contains(dry, want) {
 			t.Errorf("the dry run does not say %q", want)
 		}
@@ -198,8 +217,14 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 		t.Fatalf("the dry run wrote Spindle's metadata: %s", meta)
 	}
 
+	if d, err := c.Client.AppsV1().Deployments(ns).Get(ctx, "app", metav1.GetOptions{}); err != nil || *d.Spec.Replicas != 1 {
+		t.Fatalf("after the dry run deployment app is %v, %v; want 1 replica still", d.Spec.Replicas, err)
+	}
+
+	t0 := time.Now()
 	out := c.kubectlSpindle(t, "adopt", "pvc/data", "-n", ns, "--controller-url", r.controllerURL)
-	t.Logf("$ kubectl spindle adopt pvc/data -n %s\n%s", ns, out)
+	took := time.Since(t0)
+	t.Logf("$ kubectl spindle adopt pvc/data -n %s   (took %s)\n%s", ns, took.Round(100*time.Millisecond), out)
 	got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{})
 	if err != nil || got.Status.Phase != corev1.ClaimBound || got.Spec.VolumeName != oldPV+"-spindle" {
 		t.Fatalf("after adopt the claim is %+v, %v; want it bound to %s-spindle", got.Status, err, oldPV)
@@ -212,6 +237,19 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 		t.Fatalf("the ceph-csi PV %s is still there", oldPV)
 	}
 
+	// The workload is back, on Spindle's PV; then it stops, and a pod
+	// reads the data.
+	c.WaitFor(t, "the pod of deployment app Running on the adopted claim", func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=app"})
+		return err == nil && len(pods.Items) == 1 && pods.Items[0].Status.Phase == corev1.PodRunning, err
+	})
+	if _, err := c.Client.AppsV1().Deployments(ns).Patch(ctx, "app", types.MergePatchType, []byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitFor(t, "deployment app scaled to 0", func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=app"})
+		return err == nil && len(pods.Items) == 0, err
+	})
 	c.Pod(t, ns, "reader", "data", kube.PodOptions{Block: true, Args: []string{"verify-block", "/dev/xvda", strconv.Itoa(dataBytes)}})
 	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
 	if msg := kube.TerminationMessage(reader); msg != "verified "+wrote {
@@ -230,7 +268,34 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 	if msg := kube.TerminationMessage(c.WaitPod(t, ns, "restored-reader", corev1.PodSucceeded)); msg != "verified "+wrote {
 		t.Fatalf("the pod on the restored snapshot says %q, want verified %s", msg, wrote)
 	}
-	t.Logf("adopted image %s/%s (%d data objects before and after; %d MiB read back in a pod); snapshot restored with the same data", r.pool, image, objects, dataBytes>>20)
+	t.Logf("adopted image %s/%s in %s (deployment app scaled 1 -> 0 -> 1; %d data objects before and after; %d MiB read back in a pod); snapshot restored with the same data", r.pool, image, took.Round(100*time.Millisecond), objects, dataBytes>>20)
+}
+
+// appOn is a Deployment of one pod (the e2e image, pausing) on this
+// node with claim as a block device.
+func appOn(c *cluster, ns, name, claim string) *appsv1.Deployment {
+	one, grace, noToken := int32(1), int64(1), false
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeName: c.Node, HostNetwork: true, TerminationGracePeriodSeconds: &grace, AutomountServiceAccountToken: &noToken,
+					Containers: []corev1.Container{{
+						Name: "e2e", Image: podImage, ImagePullPolicy: corev1.PullNever, Args: []string{"pause"},
+						VolumeDevices: []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}},
+					}},
+					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+					}}},
+				},
+			},
+		},
+	}
 }
 
 // rookClass reads one of Rook's example classes (internal/backend/rbd/
