@@ -1,6 +1,7 @@
 package rbd
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -155,9 +156,17 @@ func (s *Store) read(ctx context.Context, r ref) (*rbdImage, map[string]string, 
 	if err := s.on(r.location).rbdJSON(ctx, &info, "info", r.spec()); err != nil {
 		return nil, nil, err
 	}
-	meta := map[string]string{}
-	if err := s.on(r.location).rbdJSON(ctx, &meta, "image-meta", "list", r.spec()); err != nil {
+	// An image without metadata (one Spindle did not make) lists nothing
+	// at all, not "{}", with --format json (Ceph 16.2.15).
+	out, err := s.on(r.location).rbd(ctx, "image-meta", "list", r.spec(), "--format", "json")
+	if err != nil {
 		return nil, nil, err
+	}
+	meta := map[string]string{}
+	if len(bytes.TrimSpace(out)) > 0 {
+		if err := json.Unmarshal(out, &meta); err != nil {
+			return nil, nil, fmt.Errorf("rbd image-meta list %s: cannot parse its JSON output %.200q: %w", r.spec(), out, err)
+		}
 	}
 	return &info, meta, nil
 }
