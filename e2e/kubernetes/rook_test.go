@@ -443,6 +443,9 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 		return true, nil
 	})
 	t.Logf("with the map naming 127.0.0.1:1: %s", failure)
+	if !strings.Contains(failure, "DeadlineExceeded") {
+		t.Fatalf("provisioning with the map naming no monitor failed with %q; want DeadlineExceeded (the driver's per-call limit)", failure)
+	}
 	rewrite(withMonitor(movedTo))
 	c.WaitFor(t, "claim after bound once the map names "+movedTo, func(ctx context.Context) (bool, error) {
 		got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "after", metav1.GetOptions{})
