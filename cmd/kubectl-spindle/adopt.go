@@ -677,7 +677,7 @@ func (a *adopter) secrets(ctx context.Context, sc *storagev1.StorageClass, pv *c
 	if a.o.Secret == "" {
 		ref := secretRef(sc, "provisioner", pv)
 		if ref == nil {
-			return nil, nil // the controller's own identity
+			return nil, fmt.Errorf("StorageClass %s names no provisioner secret (csi.storage.k8s.io/provisioner-secret-name and -namespace): name the Secret with the credentials for the image with --secret NAMESPACE/NAME", sc.Name)
 		}
 		ns, name, ok = ref.Namespace, ref.Name, true
 	}

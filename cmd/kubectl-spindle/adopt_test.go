@@ -257,6 +257,11 @@ func TestAdoptRefuses(t *testing.T) {
 			sc.ResourceVersion = ""
 			_, _ = kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
 		}, nil, "--storage-class"},
+		{"no credentials for the controller", func(kube *fake.Clientset) {
+			sc, _ := kube.StorageV1().StorageClasses().Get(ctx, "rook-ceph-block", metav1.GetOptions{})
+			delete(sc.Parameters, "csi.storage.k8s.io/provisioner-secret-name")
+			_, _ = kube.StorageV1().StorageClasses().Update(ctx, sc, metav1.UpdateOptions{})
+		}, nil, "names no provisioner secret"},
 		{"the controller refuses", nil, errors.New("HTTP 412: adopt replicapool/csi-vol-6b9f: the image is still open"), "the controller cannot adopt"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

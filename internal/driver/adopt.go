@@ -33,6 +33,14 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 	if err := validateName("name", r.Name); err != nil {
 		return nil, err
 	}
+	// The operators' endpoint has no authentication of its own: the
+	// request must carry the backend's credentials (the StorageClass's
+	// provisioner secret), so that only someone who holds them, and could
+	// change the image with them anyway, adopts it; the controller's own
+	// identity is never lent to it.
+	if len(r.Secrets) == 0 {
+		return nil, errdefs.InvalidArgument("secrets are required: the credentials the image is reached with (kubectl spindle adopt sends the StorageClass's provisioner secret, or --secret)")
+	}
 	inst, _, image, err := d.staticInstance("handle", r.Handle, r.Attributes)
 	if err != nil {
 		return nil, err

@@ -270,6 +270,7 @@ func TestAdoptEndpoint(t *testing.T) {
 	}{
 		{func(r *opsapi.AdoptRequest) { r.Name = "" }, http.StatusBadRequest, "name is required"},
 		{func(r *opsapi.AdoptRequest) { r.AccessType = "fuse" }, http.StatusBadRequest, "accessType"},
+		{func(r *opsapi.AdoptRequest) { r.Secrets = nil }, http.StatusBadRequest, "secrets are required"},
 		{func(r *opsapi.AdoptRequest) { r.Attributes = map[string]string{"clusterID": "other", "pool": "p"} }, http.StatusNotFound, "no configured backend"},
 		{func(r *opsapi.AdoptRequest) { r.Parameters = map[string]string{"backend": defaultKey} }, http.StatusBadRequest, "pick backend " + defaultKey},
 		{func(r *opsapi.AdoptRequest) {

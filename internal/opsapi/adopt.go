@@ -29,7 +29,8 @@ type AdoptRequest struct {
 	// recorded with the volume as CreateVolume records them.
 	Parameters map[string]string `json:"parameters,omitempty"`
 	// Secrets are the credentials the backend reaches the image with (the
-	// StorageClass's provisioner secret).
+	// StorageClass's provisioner secret); required: the endpoint has no
+	// authentication of its own and never lends the controller's identity.
 	Secrets map[string]string `json:"secrets,omitempty"`
 	// DryRun checks everything and writes nothing.
 	DryRun bool `json:"dryRun,omitempty"`
