@@ -372,8 +372,8 @@ func (r rookCeph) rookNamespace(t *testing.T, c *cluster) {
 // map is rewritten to the monitor's other address (msgr1), as kubelet
 // rewrites the ConfigMap when Rook moves a monitor: the same claim then
 // provisions and mounts, and the snapshot restores, with the driver
-// process never restarted. (The multi-node version, with PostgreSQL and
-// the new claim on another node, is not written yet.)
+// process never restarted. (TestRookStorageClassUnchanged runs PostgreSQL
+// across such a move.)
 func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	r := requireRookCeph(t)
 	mapFile, movedTo := os.Getenv("SPINDLE_E2E_CLUSTER_MAP"), os.Getenv("SPINDLE_E2E_CEPH_MON_V1")
@@ -398,30 +398,8 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 
 	// The map, rewritten in place (a new file renamed over it, as kubelet
 	// swaps a ConfigMap volume's data).
-	original, err := os.ReadFile(mapFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rewrite := func(content string) {
-		t.Helper()
-		if err := os.WriteFile(mapFile+".new", []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(mapFile+".new", mapFile); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { rewrite(string(original)) })
-	var entries []map[string]any
-	if err := json.Unmarshal(original, &entries); err != nil || len(entries) != 1 {
-		t.Fatalf("the cluster map %s: %v, %d clusters", mapFile, err, len(entries))
-	}
-	withMonitor := func(m string) string {
-		entries[0]["monitors"] = []string{m}
-		b, _ := json.Marshal(entries)
-		return string(b)
-	}
-	rewrite(withMonitor("127.0.0.1:1"))
+	moveMonitor := rewriteClusterMap(t, mapFile)
+	moveMonitor("127.0.0.1:1")
 	mode := corev1.PersistentVolumeFilesystem
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "after", Namespace: ns},
@@ -446,7 +424,7 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	if !strings.Contains(failure, "DeadlineExceeded") {
 		t.Fatalf("provisioning with the map naming no monitor failed with %q; want DeadlineExceeded (the driver's per-call limit)", failure)
 	}
-	rewrite(withMonitor(movedTo))
+	moveMonitor(movedTo)
 	c.WaitFor(t, "claim after bound once the map names "+movedTo, func(ctx context.Context) (bool, error) {
 		got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "after", metav1.GetOptions{})
 		return err == nil && got.Status.Phase == corev1.ClaimBound, err
