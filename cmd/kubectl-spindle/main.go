@@ -2,7 +2,8 @@
 // kubectl plugin (`kubectl spindle ...`): every PV of the driver with its
 // attachments (volumes), the whole chain from a claim to the device on the
 // node (describe), and what is stuck or leaked (doctor); these only read.
-// rotate-key changes an encrypted volume's key while it is in use.
+// rotate-key changes an encrypted volume's key while it is in use; adopt
+// moves a claim of ceph-csi's RBD driver onto Spindle in place.
 // It reaches the driver's node plugins and controller through the API
 // server's pod proxy, with the user's own credentials and kubectl's flags.
 package main
@@ -63,6 +64,7 @@ type clients struct {
 	nodes      NodePlugins
 	controller Controller // nil: images are not checked
 	rotator    KeyRotator
+	adopter    AdoptController
 	now        time.Time
 }
 
@@ -132,8 +134,10 @@ func realClients(o options) (*clients, error) {
 			proxy: &proxyNodePlugins{pods: pods, proxy: proxy, port: o.nodePort}},
 		controller: &proxyController{pods: pods, proxy: proxy, port: o.controllerPort},
 	}
+	c.adopter = &proxyAdopter{pods: pods, proxy: proxy, port: o.controllerPort}
 	if o.controllerURL != "" {
 		c.controller = &httpController{client: httpClient, url: o.controllerURL}
+		c.adopter = &httpAdopter{client: &http.Client{}, url: o.controllerURL}
 	}
 	// A rotation's steps are bounded by rotationTimeout, not the reads' timeout.
 	c.rotator = &rotator{client: &http.Client{}, nodes: c.nodes.(*nodePlugins), controller: o.controllerURL,

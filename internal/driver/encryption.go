@@ -19,10 +19,10 @@ import (
 // request's secrets and opens the volume with dm-crypt (internal/node).
 // The passphrase itself is never stored, logged or sent anywhere.
 
-// StorageClass parameters.
+// StorageClass parameters, ceph-csi's names for every backend.
 const (
-	paramEncrypted       = "encrypted"       // "true": the volume's data is a LUKS2 volume
-	paramEncryptionKMSID = "encryptionKMSID" // the KMS of --kms-config; the built-in secrets KMS when absent
+	paramEncrypted       = backend.ParamEncrypted       // "true": the volume's data is a LUKS2 volume
+	paramEncryptionKMSID = backend.ParamEncryptionKMSID // the KMS of --kms-config; the built-in secrets KMS when absent
 )
 
 // publish_context keys: the volume's wrapped passphrase and what unwraps it.

@@ -108,7 +108,9 @@ func (d *Driver) rekeyOnNode(ctx context.Context, r opsapi.KeyRotation) (*opsapi
 	if err != nil {
 		return nil, err
 	}
-	vol, release, err := d.lockNodeVolume(id)
+	// A Spindle volume ID (pre-provisioned volumes are never encrypted,
+	// static.go), so no volume context is needed to resolve it.
+	t, release, err := d.lockNodeVolume(id.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +125,7 @@ func (d *Driver) rekeyOnNode(ctx context.Context, r opsapi.KeyRotation) (*opsapi
 	unwrap := func(wrapped string) func(context.Context) ([]byte, error) {
 		return func(ctx context.Context) ([]byte, error) { return k.Unwrap(ctx, r.KeyOwner, wrapped, r.Secrets) }
 	}
-	if err := d.node.RotateKey(ctx, vol, staging, unwrap(r.WrappedKey), unwrap(r.NextWrappedKey)); err != nil {
+	if err := d.node.RotateKey(ctx, t.vol, staging, unwrap(r.WrappedKey), unwrap(r.NextWrappedKey)); err != nil {
 		return nil, err
 	}
 	return &opsapi.RotatedKey{VolumeID: id.String(), Node: d.opts.NodeID, StagingPath: staging}, nil
