@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -120,7 +116,7 @@ type rotator struct {
 
 func (r *rotator) PostController(ctx context.Context, path string, in, out any) error {
 	if r.controller != "" {
-		return postJSON(ctx, r.client, baseURL(r.controller)+path, in, out)
+		return postJSON(ctx, r.client, baseURL(r.controller)+path, rotationTimeout, in, out)
 	}
 	pod, err := r.pods.find(ctx, componentCtrl, "")
 	if err != nil {
@@ -130,12 +126,12 @@ func (r *rotator) PostController(ctx context.Context, path string, in, out any) 
 	if err != nil {
 		return err
 	}
-	return r.proxy.postJSON(ctx, pod, port, path, in, out)
+	return r.proxy.postJSON(ctx, pod, port, path, rotationTimeout, in, out)
 }
 
 func (r *rotator) PostNode(ctx context.Context, node *corev1.Node, path string, in, out any) error {
 	if base := r.nodes.directURL(node); base != "" {
-		return postJSON(ctx, r.client, base+path, in, out)
+		return postJSON(ctx, r.client, base+path, rotationTimeout, in, out)
 	}
 	pod, err := r.pods.find(ctx, componentNode, node.Name)
 	if err != nil {
@@ -145,82 +141,9 @@ func (r *rotator) PostNode(ctx context.Context, node *corev1.Node, path string, 
 	if err != nil {
 		return err
 	}
-	return r.proxy.postJSON(ctx, pod, port, path, in, out)
-}
-
-// answerOf decodes a driver's answer: out on 200, its {"error"} otherwise.
-func answerOf(status int, body []byte, out any) error {
-	if status != http.StatusOK {
-		var e opsapi.Error
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return fmt.Errorf("HTTP %d: %s", status, e.Error)
-		}
-		return fmt.Errorf("HTTP %d: %s", status, strings.TrimSpace(string(body)))
-	}
-	if out == nil {
-		return nil
-	}
-	return json.Unmarshal(body, out)
+	return r.proxy.postJSON(ctx, pod, port, path, rotationTimeout, in, out)
 }
 
 // rotationTimeout bounds one request of a rotation; the driver gives each
 // step two minutes.
 const rotationTimeout = 3 * time.Minute
-
-func postJSON(ctx context.Context, client *http.Client, url string, in, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, rotationTimeout)
-	defer cancel()
-	data, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("POST %s: %w", url, err)
-	}
-	if err := answerOf(resp.StatusCode, body, out); err != nil {
-		return fmt.Errorf("POST %s: %w", url, err)
-	}
-	return nil
-}
-
-// postJSON POSTs to a pod's endpoint through the API server's proxy: it
-// needs "create" on pods/proxy.
-func (pp *podProxy) postJSON(ctx context.Context, pod *corev1.Pod, port int, path string, in, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, max(pp.timeout, rotationTimeout))
-	defer cancel()
-	data, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	var status int
-	body, err := pp.kube.CoreV1().RESTClient().Post().Namespace(pod.Namespace).Resource("pods").
-		Name(pod.Name+":"+strconv.Itoa(port)).SubResource("proxy").Suffix(path).
-		SetHeader("Content-Type", "application/json").Body(data).Do(ctx).StatusCode(&status).Raw()
-	if err != nil && status == 0 {
-		return asPermissionError(err, "create", "pods/proxy", pod.Namespace)
-	}
-	if status == http.StatusForbidden && !isDriverAnswer(body) {
-		return asPermissionError(err, "create", "pods/proxy", pod.Namespace)
-	}
-	if err := answerOf(status, body, out); err != nil {
-		return fmt.Errorf("pod %s/%s port %d %s: %w", pod.Namespace, pod.Name, port, path, err)
-	}
-	return nil
-}
-
-// isDriverAnswer tells the driver's own error body from the API server's.
-func isDriverAnswer(body []byte) bool {
-	var e opsapi.Error
-	return json.Unmarshal(body, &e) == nil && e.Error != ""
-}

@@ -108,10 +108,10 @@ func TestPostJSONAnswers(t *testing.T) {
 	}))
 	defer srv.Close()
 	var out opsapi.RotatedKey
-	if err := postJSON(context.Background(), srv.Client(), srv.URL+opsapi.PathRekey, opsapi.KeyRotation{}, &out); err != nil || out.Node != "node-1" {
+	if err := postJSON(context.Background(), srv.Client(), srv.URL+opsapi.PathRekey, rotationTimeout, opsapi.KeyRotation{}, &out); err != nil || out.Node != "node-1" {
 		t.Fatalf("postJSON = %+v, %v", out, err)
 	}
-	err := postJSON(context.Background(), srv.Client(), srv.URL+opsapi.PathCommitKey, opsapi.CommitKeyRequest{}, nil)
+	err := postJSON(context.Background(), srv.Client(), srv.URL+opsapi.PathCommitKey, rotationTimeout, opsapi.CommitKeyRequest{}, nil)
 	if err == nil || !strings.Contains(err.Error(), "HTTP 412: no rotation of volume loop/default/pvc-a to that key is under way") {
 		t.Fatalf("postJSON of a refusal = %v", err)
 	}

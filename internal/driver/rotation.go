@@ -2,8 +2,6 @@ package driver
 
 import (
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"time"
 
@@ -31,9 +29,6 @@ import (
 // carries all three wrapped keys and the node tries them in turn. Only the
 // controller writes the image's record (an iSCSI node reads no pool), and
 // only the node touches the header (only it has the device).
-
-// maxOpsRequest bounds the body of a POST to the operators' endpoints.
-const maxOpsRequest = 64 << 10
 
 // rotationTimeout bounds one step of a key rotation: two unwraps by the KMS
 // and five cryptsetup calls on the node, each with its own deadline, took
@@ -163,57 +158,15 @@ func (d *Driver) commitKey(ctx context.Context, r opsapi.CommitKeyRequest) error
 	return keeper.SetEncryption(ctx, id.Image, e)
 }
 
-// servePost decodes a bounded JSON request, runs handle and writes its
-// answer, or the error with the status its kind maps to.
-func servePost[Req, Resp any](d *Driver, handle func(context.Context, Req) (Resp, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), rotationTimeout)
-		defer cancel()
-		var req Req
-		dec := json.NewDecoder(io.LimitReader(r.Body, maxOpsRequest))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			writeOpsError(w, errdefs.InvalidArgument("request body: %v", err))
-			return
-		}
-		resp, err := handle(ctx, req)
-		if err != nil {
-			d.log.Warn("operators' request failed", zap.String("path", r.URL.Path), zap.Error(err))
-			writeOpsError(w, err)
-			return
-		}
-		writeJSON(w, resp)
-	}
-}
-
-func writeOpsError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	switch errdefs.KindOf(err) {
-	case errdefs.ErrInvalidArgument:
-		status = http.StatusBadRequest
-	case errdefs.ErrNotFound:
-		status = http.StatusNotFound
-	case errdefs.ErrBusy:
-		status = http.StatusConflict
-	case errdefs.ErrPrecondition:
-		status = http.StatusPreconditionFailed
-	case errdefs.ErrUnavailable:
-		status = http.StatusServiceUnavailable
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(opsapi.Error{Error: err.Error()})
-}
-
 // registerRotation adds the key-rotation endpoints of this process's mode.
 func (d *Driver) registerRotation(mux *http.ServeMux) {
 	if d.opts.Mode.Controller() {
-		mux.HandleFunc("POST "+opsapi.PathRotateKey, servePost(d, d.planKeyRotation))
-		mux.HandleFunc("POST "+opsapi.PathCommitKey, servePost(d, func(ctx context.Context, r opsapi.CommitKeyRequest) (struct{}, error) {
+		mux.HandleFunc("POST "+opsapi.PathRotateKey, servePost(d, rotationTimeout, d.planKeyRotation))
+		mux.HandleFunc("POST "+opsapi.PathCommitKey, servePost(d, rotationTimeout, func(ctx context.Context, r opsapi.CommitKeyRequest) (struct{}, error) {
 			return struct{}{}, d.commitKey(ctx, r)
 		}))
 	}
 	if d.opts.Mode.Node() {
-		mux.HandleFunc("POST "+opsapi.PathRekey, servePost(d, d.rekeyOnNode))
+		mux.HandleFunc("POST "+opsapi.PathRekey, servePost(d, rotationTimeout, d.rekeyOnNode))
 	}
 }

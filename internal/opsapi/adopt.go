@@ -43,8 +43,3 @@ type AdoptedVolume struct {
 	VolumeContext map[string]string `json:"volumeContext,omitempty"`
 	DryRun        bool              `json:"dryRun,omitempty"`
 }
-
-// AdoptError is the body of a failed request.
-type AdoptError struct {
-	Error string `json:"error"`
-}
