@@ -205,6 +205,28 @@ func TestStaticVolume(t *testing.T) {
 	_, err = e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: map[string]string{"clusterID": "rook-ceph", "staticVolume": "true"}})
 	wantCode(t, err, codes.InvalidArgument, "volumeAttributes.pool is required")
 
+	// A pre-provisioned image that says it is encrypted has no key of
+	// Spindle's: refused for what it is, on the controller and the node,
+	// with nothing attached or recorded.
+	for _, v := range []string{"true", "encrypted"} {
+		encAttrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "staticVolume": "true", "encrypted": v, "encryptionKMSID": "vault"}
+		_, err = e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: encAttrs})
+		wantCode(t, err, codes.InvalidArgument, `encrypted "`+v+`"`, "opens only the encrypted volumes it created")
+		err = e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: handle, StagingTargetPath: filepath.Join(t.TempDir(), "enc"), VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: encAttrs})
+		wantCode(t, err, codes.InvalidArgument, `encrypted "`+v+`"`, "opens only the encrypted volumes it created")
+		if devs, _ := e.loops[fastKey].BoundTo(context.Background(), pool.ImagePath(img.ID)); len(devs) != 0 {
+			t.Fatalf("a refused stage attached %v", devs)
+		}
+		if rec, err := e.d.readStaticRecord(handle); rec != nil || err != nil {
+			t.Fatalf("a refused stage recorded %+v, %v", rec, err)
+		}
+	}
+	// encrypted "false" is what a plain image is.
+	plainAttrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "staticVolume": "true", "encrypted": "false"}
+	if _, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: plainAttrs}); err != nil {
+		t.Fatalf("ControllerPublish of a static volume with encrypted \"false\": %v", err)
+	}
+
 	stage := filepath.Join(t.TempDir(), "staging", "pv", "pv-static")
 	target := filepath.Join(t.TempDir(), "pods", "p1", "pv-static")
 	if err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: handle, StagingTargetPath: stage, VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: attrs}); err != nil {

@@ -133,15 +133,18 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
 	}
-	encryption, err := s.d.stageEncryption(req.GetPublishContext(), req.GetVolumeContext(), req.GetSecrets())
-	if err != nil {
-		return nil, err
-	}
+	// Resolved first: a pre-provisioned volume that says it is encrypted
+	// is refused for what it is (static.go), not for the key that no
+	// controller could have handed it.
 	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	encryption, err := s.d.stageEncryption(req.GetPublishContext(), req.GetVolumeContext(), req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 	if t.static != nil {
 		// Recorded first: whatever this stage leaves, the unstage that
 		// follows finds the image.
