@@ -263,6 +263,14 @@ func TestAdoptRefuses(t *testing.T) {
 			_, _ = kube.StorageV1().StorageClasses().Update(ctx, sc, metav1.UpdateOptions{})
 		}, nil, "names no provisioner secret"},
 		{"the controller refuses", nil, errors.New("HTTP 412: adopt replicapool/csi-vol-6b9f: the image is still open"), "the controller cannot adopt"},
+		// ceph-csi's class said encrypted: its PV's attributes carry it,
+		// and the controller's dry run refuses the image (static.go).
+		{"ceph-csi encrypted it", func(kube *fake.Clientset) {
+			pv, _ := kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-1111", metav1.GetOptions{})
+			pv.Spec.CSI.VolumeAttributes["encrypted"] = "true"
+			pv.Spec.CSI.VolumeAttributes["encryptionKMSID"] = "vault"
+			_, _ = kube.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
+		}, errors.New(`HTTP 400: handle "0001-0009-rook-ceph-0000000000000002-6b9f": its volume attributes say encrypted "true", but Spindle opens only the encrypted volumes it created`), "opens only the encrypted volumes it created"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			kube := cephCSICluster(t)

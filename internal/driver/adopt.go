@@ -47,6 +47,9 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 	if err != nil {
 		return nil, err
 	}
+	if params.encrypted {
+		return nil, errdefs.InvalidArgument("the StorageClass's parameters.%s is \"true\", but adopt keeps the image's data where it is, in clear: it cannot become an encrypted volume in place; adopt it into a class without %s, or copy its data onto an encrypted volume", paramEncrypted, paramEncrypted)
+	}
 	if params.instance != inst.Key() {
 		return nil, errdefs.InvalidArgument("the image is in backend %s, but the StorageClass parameters pick backend %s", inst.Key(), params.instance)
 	}

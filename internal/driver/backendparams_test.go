@@ -315,6 +315,15 @@ func TestAdoptEndpoint(t *testing.T) {
 		{func(r *opsapi.AdoptRequest) { r.Secrets = nil }, http.StatusBadRequest, "secrets are required"},
 		{func(r *opsapi.AdoptRequest) { r.Attributes = map[string]string{"clusterID": "other", "pool": "p"} }, http.StatusNotFound, "no configured backend"},
 		{func(r *opsapi.AdoptRequest) { r.Parameters = map[string]string{"backend": defaultKey} }, http.StatusBadRequest, "pick backend " + defaultKey},
+		// An image ceph-csi encrypted (its PV's attributes carry its
+		// class's encrypted) is not treated as plain.
+		{func(r *opsapi.AdoptRequest) {
+			r.Attributes = map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": img.ID, "encrypted": "true", "encryptionKMSID": "vault"}
+		}, http.StatusBadRequest, "opens only the encrypted volumes it created"},
+		// Its data stays in clear, so it cannot join an encrypted class.
+		{func(r *opsapi.AdoptRequest) {
+			r.Parameters = map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "encrypted": "true"}
+		}, http.StatusBadRequest, "cannot become an encrypted volume in place"},
 		{func(r *opsapi.AdoptRequest) {
 			r.Attributes = map[string]string{"clusterID": "rook-ceph", "pool": "p", "imageName": "missing"}
 		}, http.StatusNotFound, "missing"},

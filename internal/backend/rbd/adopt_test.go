@@ -125,4 +125,26 @@ func TestAdoptCephCSIImage(t *testing.T) {
 		t.Fatalf("the restore of the adopted volume's snapshot holds %s, %v; want %s", sumR, err, sum)
 	}
 	t.Logf("adopted %s (%d data objects, 64 MiB written) in place: objects and data unchanged; snapshot %s restored as %s with the same data", image, objects, snap.ID, restored.ID)
+
+	// An image ceph-csi encrypted (its encryption state in image-meta, as
+	// ceph-csi sets it) is refused, and gains no record of Spindle's.
+	const encryptedImage = "csi-vol-0c1d5e55-77aa-4c4e-8f5a-0d3b1c9e2f10"
+	if _, err := cl.RBD(ctx, "create", "--size", "64M", "--image-feature", "layering", cl.Pool+"/"+encryptedImage); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.RBD(ctx, "image-meta", "set", cl.Pool+"/"+encryptedImage, "rbd.csi.ceph.com/encrypted", "encrypted"); err != nil {
+		t.Fatal(err)
+	}
+	encID, err := s.StaticImage("0001-0004-test-0000000000000001-0c1d5e55-77aa-4c4e-8f5a-0d3b1c9e2f10", map[string]string{"clusterID": "test", "pool": cl.Pool, "imageName": encryptedImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	encSpec := spec
+	encSpec.ImageID, encSpec.Name = encID, "pvc-encrypted"
+	_, err = s.Adopt(ctx, encSpec)
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "ceph-csi encrypted this image", "rbd.csi.ceph.com/encrypted")
+	meta, err := cl.RBD(ctx, "image-meta", "list", cl.Pool+"/"+encryptedImage, "--format", "json")
+	if err != nil || strings.Contains(string(meta), "spindle.") {
+		t.Fatalf("the refused image's metadata: %s, %v; want no record of Spindle's", meta, err)
+	}
 }
