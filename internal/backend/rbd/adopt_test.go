@@ -148,3 +148,26 @@ func TestAdoptCephCSIImage(t *testing.T) {
 		t.Fatalf("the refused image's metadata: %s, %v; want no record of Spindle's", meta, err)
 	}
 }
+
+// SetEncryption (key rotation) rewrites an encrypted volume's record in
+// place, on a volume created with the driver's encryption keys among its
+// parameters (the store reads past them).
+func TestSetEncryption(t *testing.T) {
+	cl := rbdtest.Require(t)
+	inst, _, ctx := controller(t, cl, rbd.Config{}, nil)
+	enc := &backend.Encryption{KMSID: "secrets", KeyOwner: "volume/pvc-enc", WrappedKey: "wrapped-1"}
+	img := mustCreate(t, ctx, inst, backend.VolumeSpec{Name: "pvc-enc", CapacityBytes: 64 * MiB, AccessType: backend.AccessBlock, Encryption: enc,
+		Parameters: map[string]string{"pool": cl.Pool, "encrypted": "true", "encryptionKMSID": "secrets"}})
+	keeper := inst.Store.(backend.EncryptionKeeper)
+	next := enc.Clone()
+	next.NextWrappedKey = "wrapped-2"
+	if err := keeper.SetEncryption(ctx, img.ID, next); err != nil {
+		t.Fatalf("SetEncryption: %v", err)
+	}
+	got, err := inst.Store.Get(ctx, img.ID)
+	if err != nil || got.Encryption == nil || got.Encryption.WrappedKey != "wrapped-1" || got.Encryption.NextWrappedKey != "wrapped-2" || got.Name != "pvc-enc" || got.Parameters["encrypted"] != "true" {
+		t.Fatalf("after SetEncryption: %+v (encryption %+v), %v", got, got.Encryption, err)
+	}
+	err = keeper.SetEncryption(ctx, cl.Pool+"/csi-vol-00000000000000000000000000000000", next)
+	testutil.WantKind(t, err, errdefs.ErrNotFound, "does not exist")
+}
