@@ -33,7 +33,8 @@ const pgSum = `psql -h /tmp -U postgres -v ON_ERROR_STOP=1 -Atq -c "SELECT count
 
 // postgresPod runs script (sh -e, after the server started on the
 // claim's data) in a PostgreSQL pod on claim; ready says the pod is
-// Ready only once /tmp/ready exists and the server answers.
+// Ready only once /tmp/ready exists and the server answers. The image
+// has sh, sleep and cat besides PostgreSQL's programs (hack/images.sh).
 func (c *cluster) postgresPod(t *testing.T, ns, name, claim, script string, ready bool) {
 	t.Helper()
 	uid, grace, noToken := int64(999), int64(30), false
@@ -141,14 +142,18 @@ func TestRookStorageClassUnchanged(t *testing.T) {
 pgbench -h /tmp -U postgres -n -c 2 -t 300 postgres
 psql -h /tmp -U postgres -Atq -c CHECKPOINT
 echo "sum: $(`+pgSum+`)"
-touch /tmp/ready
+: >/tmp/ready
 wait $pg
 `, true)
 	var db *corev1.Pod
 	c.WaitForWithin(t, "PostgreSQL loaded and ready in pod pg", 10*time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "pg", metav1.GetOptions{})
-		if err != nil || p.Status.Phase == corev1.PodFailed {
+		if err != nil {
 			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			db = p // ended: no use waiting
+			return true, nil
 		}
 		for _, cond := range p.Status.Conditions {
 			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
@@ -158,6 +163,9 @@ wait $pg
 		}
 		return false, nil
 	})
+	if db.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod pg ended %s: %s", db.Status.Phase, kube.TerminationMessage(db))
+	}
 	m := pgSumLine.FindStringSubmatch(c.PodLog(t, ns, "pg"))
 	if m == nil {
 		t.Fatalf("pod pg printed no sum:\n%s", c.PodLog(t, ns, "pg"))
