@@ -68,21 +68,45 @@ func (c *cluster) postgresPod(t *testing.T, ns, name, claim, script string, read
 	}
 }
 
-// rewriteClusterMap replaces the cluster map file the driver reads as
-// kubelet updates a ConfigMap volume (a new file renamed over the old),
-// with its one cluster's monitors set to monitors; the original comes
-// back when the test ends.
-func rewriteClusterMap(t *testing.T, mapFile string) func(monitors ...string) {
+// clusterMap is the cluster map file the driver reads, when the driver
+// is a host process of the cluster (make e2e, DEPLOY=process).
+type clusterMap struct {
+	file    string // the map, as Rook's ConfigMap becomes a file
+	movedTo string // the monitor's other address (msgr1)
+	pidFile string // the driver's
+}
+
+// requireClusterMap skips unless the run's Ceph is reached through a
+// cluster map file that the test may rewrite.
+func requireClusterMap(t *testing.T) (rookCeph, *cluster, clusterMap) {
 	t.Helper()
-	original, err := os.ReadFile(mapFile)
+	r := requireRookCeph(t)
+	m := clusterMap{file: os.Getenv("SPINDLE_E2E_CLUSTER_MAP"), movedTo: os.Getenv("SPINDLE_E2E_CEPH_MON_V1")}
+	if m.file == "" || m.movedTo == "" {
+		t.Skip("SPINDLE_E2E_CLUSTER_MAP and SPINDLE_E2E_CEPH_MON_V1 are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
+	}
+	c := connect(t)
+	m.pidFile = filepath.Join(c.Dir, "run", "spindle.pid")
+	if _, err := os.Stat(m.pidFile); err != nil {
+		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
+	}
+	return r, c, m
+}
+
+// rewrite replaces the map file as kubelet updates a ConfigMap volume (a
+// new file renamed over the old): the returned function sets its one
+// cluster's monitors. The original comes back when the test ends.
+func (m clusterMap) rewrite(t *testing.T) func(monitors ...string) {
+	t.Helper()
+	original, err := os.ReadFile(m.file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	write := func(content []byte) error {
-		if err := os.WriteFile(mapFile+".new", content, 0o644); err != nil {
+		if err := os.WriteFile(m.file+".new", content, 0o644); err != nil {
 			return err
 		}
-		return os.Rename(mapFile+".new", mapFile)
+		return os.Rename(m.file+".new", m.file)
 	}
 	t.Cleanup(func() {
 		if err := write(original); err != nil {
@@ -91,7 +115,7 @@ func rewriteClusterMap(t *testing.T, mapFile string) func(monitors ...string) {
 	})
 	var entries []map[string]any
 	if err := json.Unmarshal(original, &entries); err != nil || len(entries) != 1 {
-		t.Fatalf("the cluster map %s: %v, %d clusters", mapFile, err, len(entries))
+		t.Fatalf("the cluster map %s: %v, %d clusters", m.file, err, len(entries))
 	}
 	return func(monitors ...string) {
 		t.Helper()
@@ -118,15 +142,7 @@ var pgSumLine = regexp.MustCompile(`(?m)^sum: (\d+ [0-9a-f]{32})$`)
 // the monitor to its other address: a new claim of the class provisions
 // and mounts, and the database pod is never restarted and still serves.
 func TestRookStorageClassUnchanged(t *testing.T) {
-	r := requireRookCeph(t)
-	mapFile, movedTo := os.Getenv("SPINDLE_E2E_CLUSTER_MAP"), os.Getenv("SPINDLE_E2E_CEPH_MON_V1")
-	if mapFile == "" || movedTo == "" {
-		t.Skip("SPINDLE_E2E_CLUSTER_MAP and SPINDLE_E2E_CEPH_MON_V1 are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
-	}
-	c := connect(t)
-	if _, err := os.Stat(filepath.Join(c.Dir, "run", "spindle.pid")); err != nil {
-		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
-	}
+	r, c, m := requireClusterMap(t)
 	r.rookNamespace(t, c)
 	class, snapClass := rookClasses(t, c)
 	ns := c.Namespace(t)
@@ -166,11 +182,11 @@ wait $pg
 	if db.Status.Phase != corev1.PodRunning {
 		t.Fatalf("pod pg ended %s: %s", db.Status.Phase, kube.TerminationMessage(db))
 	}
-	m := pgSumLine.FindStringSubmatch(c.PodLog(t, ns, "pg"))
-	if m == nil {
+	found := pgSumLine.FindStringSubmatch(c.PodLog(t, ns, "pg"))
+	if found == nil {
 		t.Fatalf("pod pg printed no sum:\n%s", c.PodLog(t, ns, "pg"))
 	}
-	sum := m[1]
+	sum := found[1]
 	if !strings.HasPrefix(sum, "500000 ") {
 		t.Fatalf("pgbench_accounts: %q, want 500000 rows", sum)
 	}
@@ -195,7 +211,7 @@ wait $pg
 	// The monitor moves: the map names its other address (msgr1), as
 	// Rook's ConfigMap does after a mon failover. A new claim provisions
 	// and mounts; the database pod is untouched.
-	rewriteClusterMap(t, mapFile)(movedTo)
+	m.rewrite(t)(m.movedTo)
 	_, after := c.Claim(t, ns, "after-move", kube.ClaimOptions{StorageClass: class})
 	wrote := c.writeFile(t, ns, "writer", "after-move", after)
 	c.DeletePod(t, ns, "writer")
@@ -213,5 +229,5 @@ wait $pg
 			now.Name, now.Status.Phase, now.UID, db.UID, now.Status.ContainerStatuses)
 	}
 	t.Logf("Rook's classes unchanged: PostgreSQL on %s (ext4, %s), pgbench_accounts %s; the snapshot restored with the same sum after crash recovery; after the map moved the monitor to %s a new claim provisioned and mounted, the database pod never restarted",
-		pv.Name, class, sum, movedTo)
+		pv.Name, class, sum, m.movedTo)
 }
