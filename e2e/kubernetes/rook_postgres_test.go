@@ -207,6 +207,12 @@ wait $pg
 	if got := kube.TerminationMessage(restored); got != sum {
 		t.Fatalf("the restored database has %q, the original %q", got, sum)
 	}
+	// The snapshot caught a running server: the restore's server must
+	// have recovered (a clean shutdown in the image would mean the test
+	// did not take what it says it takes).
+	if log := c.PodLog(t, ns, "pg-restored"); !strings.Contains(log, "automatic recovery in progress") {
+		t.Fatalf("the server on the restored snapshot did not recover from a crash-consistent image:\n%s", log)
+	}
 
 	// The monitor moves: the map names its other address (msgr1), as
 	// Rook's ConfigMap does after a mon failover. A new claim provisions
