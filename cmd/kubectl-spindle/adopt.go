@@ -775,21 +775,11 @@ func defaultIfEmpty(s, d string) string {
 // Adopting goes to the controller: through the API server's pod proxy
 // (POST needs "create" on pods/proxy), or --controller-url directly.
 
-// proxyAdopter posts to the controller pod through the API server.
-type proxyAdopter struct {
-	pods  *podFinder
-	proxy *podProxy
-	port  int
-}
-
-func (p *proxyAdopter) Adopt(ctx context.Context, req opsapi.AdoptRequest) (*opsapi.AdoptedVolume, error) {
-	pod, err := p.pods.find(ctx, componentCtrl, "")
+// Adopt posts to the controller pod through the API server.
+func (p *proxyController) Adopt(ctx context.Context, req opsapi.AdoptRequest) (*opsapi.AdoptedVolume, error) {
+	pod, port, err := p.pod(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
-	}
-	port, err := endpointPort(pod, p.port)
-	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
+		return nil, err
 	}
 	var out opsapi.AdoptedVolume
 	if err := p.proxy.postJSON(ctx, pod, port, opsapi.PathAdopt, adoptRequestTimeout, req, &out); err != nil {

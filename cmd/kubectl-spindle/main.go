@@ -128,13 +128,13 @@ func realClients(o options) (*clients, error) {
 	pods := &podFinder{kube: kube, namespace: o.driverNamespace, selector: o.podSelector, driver: o.driver}
 	proxy := &podProxy{kube: kube, timeout: timeout}
 	httpClient := &http.Client{Timeout: timeout}
+	controller := &proxyController{pods: pods, proxy: proxy, port: o.controllerPort}
 	c := &clients{
 		kube: kube, namespace: ns, now: time.Now(),
 		nodes: &nodePlugins{client: httpClient, overrides: overridesByNode,
 			proxy: &proxyNodePlugins{pods: pods, proxy: proxy, port: o.nodePort}},
-		controller: &proxyController{pods: pods, proxy: proxy, port: o.controllerPort},
+		controller: controller, adopter: controller,
 	}
-	c.adopter = &proxyAdopter{pods: pods, proxy: proxy, port: o.controllerPort}
 	if o.controllerURL != "" {
 		c.controller = &httpController{client: httpClient, url: o.controllerURL}
 		c.adopter = &httpAdopter{client: &http.Client{}, url: o.controllerURL}

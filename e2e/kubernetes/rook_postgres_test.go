@@ -33,7 +33,8 @@ const pgSum = `psql -h /tmp -U postgres -v ON_ERROR_STOP=1 -Atq -c "SELECT count
 
 // postgresPod runs script (sh -e, after the server started on the
 // claim's data) in a PostgreSQL pod on claim; ready says the pod is
-// Ready only once /tmp/ready exists and the server answers.
+// Ready only once /tmp/ready exists and the server answers. The image
+// has sh, sleep and cat besides PostgreSQL's programs (hack/images.sh).
 func (c *cluster) postgresPod(t *testing.T, ns, name, claim, script string, ready bool) {
 	t.Helper()
 	uid, grace, noToken := int64(999), int64(30), false
@@ -67,21 +68,45 @@ func (c *cluster) postgresPod(t *testing.T, ns, name, claim, script string, read
 	}
 }
 
-// rewriteClusterMap replaces the cluster map file the driver reads as
-// kubelet updates a ConfigMap volume (a new file renamed over the old),
-// with its one cluster's monitors set to monitors; the original comes
-// back when the test ends.
-func rewriteClusterMap(t *testing.T, mapFile string) func(monitors ...string) {
+// clusterMap is the cluster map file the driver reads, when the driver
+// is a host process of the cluster (make e2e, DEPLOY=process).
+type clusterMap struct {
+	file    string // the map, as Rook's ConfigMap becomes a file
+	movedTo string // the monitor's other address (msgr1)
+	pidFile string // the driver's
+}
+
+// requireClusterMap skips unless the run's Ceph is reached through a
+// cluster map file that the test may rewrite.
+func requireClusterMap(t *testing.T) (rookCeph, *cluster, clusterMap) {
 	t.Helper()
-	original, err := os.ReadFile(mapFile)
+	r := requireRookCeph(t)
+	m := clusterMap{file: os.Getenv("SPINDLE_E2E_CLUSTER_MAP"), movedTo: os.Getenv("SPINDLE_E2E_CEPH_MON_V1")}
+	if m.file == "" || m.movedTo == "" {
+		t.Skip("SPINDLE_E2E_CLUSTER_MAP and SPINDLE_E2E_CEPH_MON_V1 are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
+	}
+	c := connect(t)
+	m.pidFile = filepath.Join(c.Dir, "run", "spindle.pid")
+	if _, err := os.Stat(m.pidFile); err != nil {
+		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
+	}
+	return r, c, m
+}
+
+// rewrite replaces the map file as kubelet updates a ConfigMap volume (a
+// new file renamed over the old): the returned function sets its one
+// cluster's monitors. The original comes back when the test ends.
+func (m clusterMap) rewrite(t *testing.T) func(monitors ...string) {
+	t.Helper()
+	original, err := os.ReadFile(m.file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	write := func(content []byte) error {
-		if err := os.WriteFile(mapFile+".new", content, 0o644); err != nil {
+		if err := os.WriteFile(m.file+".new", content, 0o644); err != nil {
 			return err
 		}
-		return os.Rename(mapFile+".new", mapFile)
+		return os.Rename(m.file+".new", m.file)
 	}
 	t.Cleanup(func() {
 		if err := write(original); err != nil {
@@ -90,7 +115,7 @@ func rewriteClusterMap(t *testing.T, mapFile string) func(monitors ...string) {
 	})
 	var entries []map[string]any
 	if err := json.Unmarshal(original, &entries); err != nil || len(entries) != 1 {
-		t.Fatalf("the cluster map %s: %v, %d clusters", mapFile, err, len(entries))
+		t.Fatalf("the cluster map %s: %v, %d clusters", m.file, err, len(entries))
 	}
 	return func(monitors ...string) {
 		t.Helper()
@@ -117,15 +142,7 @@ var pgSumLine = regexp.MustCompile(`(?m)^sum: (\d+ [0-9a-f]{32})$`)
 // the monitor to its other address: a new claim of the class provisions
 // and mounts, and the database pod is never restarted and still serves.
 func TestRookStorageClassUnchanged(t *testing.T) {
-	r := requireRookCeph(t)
-	mapFile, movedTo := os.Getenv("SPINDLE_E2E_CLUSTER_MAP"), os.Getenv("SPINDLE_E2E_CEPH_MON_V1")
-	if mapFile == "" || movedTo == "" {
-		t.Skip("SPINDLE_E2E_CLUSTER_MAP and SPINDLE_E2E_CEPH_MON_V1 are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
-	}
-	c := connect(t)
-	if _, err := os.Stat(filepath.Join(c.Dir, "run", "spindle.pid")); err != nil {
-		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
-	}
+	r, c, m := requireClusterMap(t)
 	r.rookNamespace(t, c)
 	class, snapClass := rookClasses(t, c)
 	ns := c.Namespace(t)
@@ -141,14 +158,18 @@ func TestRookStorageClassUnchanged(t *testing.T) {
 pgbench -h /tmp -U postgres -n -c 2 -t 300 postgres
 psql -h /tmp -U postgres -Atq -c CHECKPOINT
 echo "sum: $(`+pgSum+`)"
-touch /tmp/ready
+: >/tmp/ready
 wait $pg
 `, true)
 	var db *corev1.Pod
 	c.WaitForWithin(t, "PostgreSQL loaded and ready in pod pg", 10*time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "pg", metav1.GetOptions{})
-		if err != nil || p.Status.Phase == corev1.PodFailed {
+		if err != nil {
 			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			db = p // ended: no use waiting
+			return true, nil
 		}
 		for _, cond := range p.Status.Conditions {
 			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
@@ -158,11 +179,14 @@ wait $pg
 		}
 		return false, nil
 	})
-	m := pgSumLine.FindStringSubmatch(c.PodLog(t, ns, "pg"))
-	if m == nil {
+	if db.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod pg ended %s: %s", db.Status.Phase, kube.TerminationMessage(db))
+	}
+	found := pgSumLine.FindStringSubmatch(c.PodLog(t, ns, "pg"))
+	if found == nil {
 		t.Fatalf("pod pg printed no sum:\n%s", c.PodLog(t, ns, "pg"))
 	}
-	sum := m[1]
+	sum := found[1]
 	if !strings.HasPrefix(sum, "500000 ") {
 		t.Fatalf("pgbench_accounts: %q, want 500000 rows", sum)
 	}
@@ -183,11 +207,17 @@ wait $pg
 	if got := kube.TerminationMessage(restored); got != sum {
 		t.Fatalf("the restored database has %q, the original %q", got, sum)
 	}
+	// The snapshot caught a running server: the restore's server must
+	// have recovered (a clean shutdown in the image would mean the test
+	// did not take what it says it takes).
+	if log := c.PodLog(t, ns, "pg-restored"); !strings.Contains(log, "automatic recovery in progress") {
+		t.Fatalf("the server on the restored snapshot did not recover from a crash-consistent image:\n%s", log)
+	}
 
 	// The monitor moves: the map names its other address (msgr1), as
 	// Rook's ConfigMap does after a mon failover. A new claim provisions
 	// and mounts; the database pod is untouched.
-	rewriteClusterMap(t, mapFile)(movedTo)
+	m.rewrite(t)(m.movedTo)
 	_, after := c.Claim(t, ns, "after-move", kube.ClaimOptions{StorageClass: class})
 	wrote := c.writeFile(t, ns, "writer", "after-move", after)
 	c.DeletePod(t, ns, "writer")
@@ -205,5 +235,5 @@ wait $pg
 			now.Name, now.Status.Phase, now.UID, db.UID, now.Status.ContainerStatuses)
 	}
 	t.Logf("Rook's classes unchanged: PostgreSQL on %s (ext4, %s), pgbench_accounts %s; the snapshot restored with the same sum after crash recovery; after the map moved the monitor to %s a new claim provisioned and mounted, the database pod never restarted",
-		pv.Name, class, sum, movedTo)
+		pv.Name, class, sum, m.movedTo)
 }

@@ -375,16 +375,10 @@ func (r rookCeph) rookNamespace(t *testing.T, c *cluster) {
 // process never restarted. (TestRookStorageClassUnchanged runs PostgreSQL
 // across such a move.)
 func TestMonitorMoveNeedsNoRestart(t *testing.T) {
-	r := requireRookCeph(t)
-	mapFile, movedTo := os.Getenv("SPINDLE_E2E_CLUSTER_MAP"), os.Getenv("SPINDLE_E2E_CEPH_MON_V1")
-	if mapFile == "" || movedTo == "" {
-		t.Skip("SPINDLE_E2E_CLUSTER_MAP and SPINDLE_E2E_CEPH_MON_V1 are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
-	}
-	c := connect(t)
-	pidFile := filepath.Join(c.Dir, "run", "spindle.pid")
-	pid, err := os.ReadFile(pidFile)
+	r, c, m := requireClusterMap(t)
+	pid, err := os.ReadFile(m.pidFile)
 	if err != nil {
-		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
+		t.Fatal(err)
 	}
 	r.rookNamespace(t, c)
 	class, vscName := rookClasses(t, c)
@@ -398,7 +392,7 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 
 	// The map, rewritten in place (a new file renamed over it, as kubelet
 	// swaps a ConfigMap volume's data).
-	moveMonitor := rewriteClusterMap(t, mapFile)
+	moveMonitor := m.rewrite(t)
 	moveMonitor("127.0.0.1:1")
 	mode := corev1.PersistentVolumeFilesystem
 	claim := &corev1.PersistentVolumeClaim{
@@ -424,8 +418,8 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	if !strings.Contains(failure, "DeadlineExceeded") {
 		t.Fatalf("provisioning with the map naming no monitor failed with %q; want DeadlineExceeded (the driver's per-call limit)", failure)
 	}
-	moveMonitor(movedTo)
-	c.WaitFor(t, "claim after bound once the map names "+movedTo, func(ctx context.Context) (bool, error) {
+	moveMonitor(m.movedTo)
+	c.WaitFor(t, "claim after bound once the map names "+m.movedTo, func(ctx context.Context) (bool, error) {
 		got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "after", metav1.GetOptions{})
 		return err == nil && got.Status.Phase == corev1.ClaimBound, err
 	})
@@ -437,12 +431,12 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	if msg := kube.TerminationMessage(c.WaitPod(t, ns, "reader", corev1.PodSucceeded)); msg != "verified "+wrote {
 		t.Fatalf("the reader of the restored snapshot says %q, want verified %s", msg, wrote)
 	}
-	now, err := os.ReadFile(pidFile)
+	now, err := os.ReadFile(m.pidFile)
 	if err != nil || string(now) != string(pid) {
 		t.Fatalf("the driver's pid file says %q (%v), was %q: it was restarted", now, err, pid)
 	}
 	if _, err := os.Stat(filepath.Join("/proc", strings.TrimSpace(string(pid)))); err != nil {
 		t.Fatalf("the driver process %s is gone: %v", strings.TrimSpace(string(pid)), err)
 	}
-	t.Logf("driver process %s throughout: a claim provisioned and mounted after the map moved the monitor to %s; Rook's snapshot class restored the data", strings.TrimSpace(string(pid)), movedTo)
+	t.Logf("driver process %s throughout: a claim provisioned and mounted after the map moved the monitor to %s; Rook's snapshot class restored the data", strings.TrimSpace(string(pid)), m.movedTo)
 }
