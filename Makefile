@@ -56,7 +56,7 @@ test: deps lint helm csi-sanity build
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
 
 # The stock csi-sanity binary against RBD on a throw-away Ceph (long:
-# csi-sanity's 10 GiB volumes, each snapshot a full copy; docs/testing.md).
+# csi-sanity's 10 GiB volumes through rbd-fuse; docs/testing.md).
 sanity-stock-rbd: deps csi-sanity
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \
