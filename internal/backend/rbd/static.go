@@ -37,12 +37,16 @@ func (s *Store) StaticImage(handle string, attrs map[string]string) (string, err
 		return "", errdefs.InvalidArgument("volume %q: image name %q is not one Spindle can use (letters, digits, '.', '_', '-', at most 100)", handle, image)
 	}
 	cluster, pool := attrs[ParamClusterID], attrs[ParamPool]
+	known, err := s.c.knowsCluster(cluster)
+	if err != nil && clusterIDRe.MatchString(cluster) {
+		return "", err
+	}
 	switch {
 	case cluster == "":
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s is required (the cluster of the image)", handle, ParamClusterID)
 	case pool == "":
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s is required (the pool of the image)", handle, ParamPool)
-	case !clusterIDRe.MatchString(cluster) || !s.c.knowsCluster(cluster):
+	case !clusterIDRe.MatchString(cluster) || !known:
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s %q is neither rbd backend %s's own cluster nor in its cluster map%s", handle, ParamClusterID, cluster, s.key, mapName(s.cfg.ClusterMap))
 	case !poolRe.MatchString(pool):
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s %q is not a pool name", handle, ParamPool, pool)
@@ -83,7 +87,7 @@ func (s *Store) StaticPublishContext(imageID string, attrs map[string]string) (m
 			return nil, err
 		}
 	}
-	mapOpts := s.cfg.MapOptions
+	mapOpts := s.defaultMapOptions(mounter)
 	if v, ok := attrs[ParamMapOptions]; ok {
 		mapOpts = optionsFor(v, mounter)
 	}
