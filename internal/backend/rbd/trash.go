@@ -68,6 +68,13 @@ func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
 	// A clone made by an earlier version hung from a protected csi-clone-
 	// snapshot of its own on the source; it goes with the clone's data
 	// (dropLegacyCloneSnapshots).
+	if r.cluster != s.cfg.ClusterID {
+		// The background upkeep (Maintain) holds no credentials for a
+		// cluster of the map: a request that does tidies its location
+		// (images that waited in the trash for clones now gone). Best
+		// effort: the delete itself is done, and the next one retries.
+		_, _ = s.purgeTrash(ctx, r.location)
+	}
 	return nil
 }
 
