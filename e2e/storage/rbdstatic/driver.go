@@ -80,9 +80,10 @@ func New(cfg *Config) *Driver {
 		// volume_io writes and reads back files of 1 and 100 MiB.
 		MaxFileSize:        storageframework.FileSizeMedium,
 		SupportedSizeRange: e2evolume.SizeRange{Min: "1Mi"},
-		// As the rbd testdriver's (e2e/storage/testdrivers/rbd.yaml),
-		// whose class is ext4.
-		SupportedFsType: sets.NewString("", "ext4"),
+		// The PV names the filesystem (no class does): the ones the
+		// node formats (ext4, xfs; the suite has no btrfs pattern and
+		// Spindle makes no ext3).
+		SupportedFsType: sets.NewString("", "ext4", "xfs"),
 		// What holds for static volumes through rbd-fuse on the local
 		// cluster's one node: the same as the dynamic rbd testdriver's
 		// (e2e/storage/testdrivers/rbd.yaml) minus what only dynamic
