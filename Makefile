@@ -107,7 +107,10 @@ e2e-multinode: deps
 	hack/local-cluster/multinode.sh
 
 # The Kubernetes external storage suite (e2e.test) for each StorageClass in
-# e2e/storage; too long for CI (its run time is in docs/testing.md).
+# e2e/storage, and its pre-provisioned PV patterns for RBD (rbd-static:
+# spindle-storage.test, the Go testdriver in e2e/storage/rbdstatic); DRIVERS
+# picks runs (default: loop-ext4 loop-xfs loop-block rbd rbd-static iscsi);
+# too long for CI (its run time is in docs/testing.md).
 e2e-storage: deps
 	hack/local-cluster/e2e-storage.sh
 
