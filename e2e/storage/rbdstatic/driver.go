@@ -74,8 +74,11 @@ var _ storageframework.PreprovisionedPVTestDriver = (*Driver)(nil)
 // New returns the driver; cfg is read when a test runs (after the flags).
 func New(cfg *Config) *Driver {
 	return &Driver{cfg: cfg, info: storageframework.DriverInfo{
-		// The name as the PVs' driver: the suite names PVs after it and
-		// reads kubelet's metrics of "kubernetes.io/csi:<name>".
+		// The suite's name for the driver: in the spec names (as the
+		// YAML testdrivers', which e2e-storage.sh's focus expects), the
+		// PVs' name prefix, and the kubelet metrics it reads
+		// ("kubernetes.io/csi:<name>"); -spindle.driver-name, the PVs'
+		// driver, should be the same.
 		Name: "spindle.csi.dev",
 		// volume_io writes and reads back files of 1 and 100 MiB.
 		MaxFileSize:        storageframework.FileSizeMedium,
