@@ -79,16 +79,16 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 		return nil, err
 	}
 	defer release()
-	img, err := adopter.Adopt(backend.WithSecretsOnly(ctx, r.Secrets), spec)
+	res, err := adopter.Adopt(backend.WithSecretsOnly(ctx, r.Secrets), spec)
 	if err != nil {
 		return nil, err
 	}
-	vol, err := d.csiVolume(inst, img)
+	vol, err := d.csiVolume(inst, res.Image)
 	if err != nil {
 		return nil, err
 	}
-	d.log.Info("adopted an image", zap.String("volumeID", vol.GetVolumeId()), zap.String("name", r.Name), zap.Bool("dryRun", r.DryRun))
-	return &opsapi.AdoptedVolume{VolumeID: vol.GetVolumeId(), CapacityBytes: vol.GetCapacityBytes(), VolumeContext: vol.GetVolumeContext(), DryRun: r.DryRun}, nil
+	d.log.Info("adopted an image", zap.String("volumeID", vol.GetVolumeId()), zap.String("name", r.Name), zap.Bool("dryRun", r.DryRun), zap.Strings("openBy", res.OpenBy))
+	return &opsapi.AdoptedVolume{VolumeID: vol.GetVolumeId(), CapacityBytes: vol.GetCapacityBytes(), VolumeContext: vol.GetVolumeContext(), OpenBy: res.OpenBy, DryRun: r.DryRun}, nil
 }
 
 // serveAdopt is the POST handler of opsapi.PathAdopt.
