@@ -1,6 +1,7 @@
 package rbd_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -79,13 +80,20 @@ func TestAdoptCephCSIImage(t *testing.T) {
 
 	// While ceph-csi has it mapped (a watch, as its node's mapping holds
 	// one) the dry run says who has it open, and the adoption is refused.
+	// rbd watch holds its watch until a line (or EOF) on its stdin.
 	watch := exec.Command("rbd", "watch", cl.Pool+"/"+image, "-c", cl.Conf)
 	watch.Env = append(os.Environ(), "LC_ALL=C")
+	var watchErr bytes.Buffer
+	watch.Stderr = &watchErr
+	stdin, err := watch.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := watch.Start(); err != nil {
 		t.Fatal(err)
 	}
 	var stopWatch sync.Once
-	unwatch := func() { stopWatch.Do(func() { _ = watch.Process.Kill(); _ = watch.Wait() }) }
+	unwatch := func() { stopWatch.Do(func() { _ = stdin.Close(); _ = watch.Process.Kill(); _ = watch.Wait() }) }
 	t.Cleanup(unwatch)
 	var openDry *backend.Adopted
 	for range 100 {
@@ -95,7 +103,8 @@ func TestAdoptCephCSIImage(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // until rbd watch has opened it
 	}
 	if err != nil || len(openDry.OpenBy) != 1 {
-		t.Fatalf("dry run while rbd watch has the image open = %+v, %v; want it open by one client", openDry, err)
+		unwatch() // its stderr is complete once it has ended
+		t.Fatalf("dry run while rbd watch has the image open = %+v, %v; want it open by one client (rbd watch: %v %s)", openDry, err, watch.ProcessState, watchErr.String())
 	}
 	adoption := spec
 	adoption.DryRun = false

@@ -17,12 +17,20 @@ func adoptSpec(dryRun bool, params map[string]string) backend.AdoptSpec {
 	return backend.AdoptSpec{ImageID: "kube/" + testImage, Name: "pvc-1-spindle", AccessType: backend.AccessMount, FsType: "ext4", Parameters: params, DryRun: dryRun}
 }
 
-// unadopted is "rbd info" and "rbd image-meta list" of an image of
-// ceph-csi's with the features given: no metadata of Spindle's.
-func unadopted(features string) []*commandtest.Step {
+// What "rbd info --format json" prints of an image of ceph-csi's with
+// journaling (captured by TestAdoptJournaledImage, Ceph 16.2.15, the size
+// made 1 GiB), and of one with layering only: the same without the
+// journal and mirroring keys, which only a journaled image has.
+const (
+	infoLayering  = `{"name":"` + testImage + `","id":"12a1fd5e012d","size":1073741824,"objects":256,"order":22,"object_size":4194304,"snapshot_count":0,"block_name_prefix":"rbd_data.12a1fd5e012d","format":2,"features":["layering"],"op_features":[],"flags":[],"create_timestamp":"Thu Nov 26 17:52:10 2026","access_timestamp":"Thu Nov 26 17:52:10 2026","modify_timestamp":"Thu Nov 26 17:52:10 2026"}`
+	infoJournaled = `{"name":"` + testImage + `","id":"12a1fd5e012d","size":1073741824,"objects":256,"order":22,"object_size":4194304,"snapshot_count":0,"block_name_prefix":"rbd_data.12a1fd5e012d","format":2,"features":["layering","exclusive-lock","journaling"],"op_features":[],"flags":[],"create_timestamp":"Thu Nov 26 17:52:10 2026","access_timestamp":"Thu Nov 26 17:52:10 2026","modify_timestamp":"Thu Nov 26 17:52:10 2026","journal":"12a1fd5e012d","mirroring":{"mode":"journal","state":"disabled"}}`
+)
+
+// unadopted is "rbd info" (info) and "rbd image-meta list" of an image of
+// ceph-csi's: no metadata of Spindle's.
+func unadopted(info string) []*commandtest.Step {
 	return []*commandtest.Step{
-		commandtest.Expect("rbd", with("info", "kube/"+testImage, "--format", "json")...).
-			Prints(`{"name":"` + testImage + `","size":1073741824,"features":[` + features + `]}`),
+		commandtest.Expect("rbd", with("info", "kube/"+testImage, "--format", "json")...).Prints(info),
 		commandtest.Expect("rbd", with("image-meta", "list", "kube/"+testImage, "--format", "json")...).Prints(""),
 	}
 }
@@ -36,7 +44,7 @@ func TestAdoptOpenImage(t *testing.T) {
 	ctx := context.Background()
 	const watched = `{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1},{"address":"10.0.0.1:0/2511446081","client":4120,"cookie":2}]}`
 	open := func() []*commandtest.Step {
-		return append(unadopted(`"layering"`),
+		return append(unadopted(infoLayering),
 			commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).Prints(watched),
 			commandtest.Expect("ceph", with("mgr", "dump", "--format", "json")...).Prints(mgrDumpOutput))
 	}
@@ -60,14 +68,13 @@ func TestAdoptOpenImage(t *testing.T) {
 // the mounter; the same image under a class of rbd-nbd is adopted.
 func TestAdoptChecksTheImageFeatures(t *testing.T) {
 	ctx := context.Background()
-	const journaled = `"layering","exclusive-lock","journaling"`
 	for _, dryRun := range []bool{true, false} {
-		inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, unadopted(journaled)...))
+		inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, unadopted(infoJournaled)...))
 		_, err := inst.Store.(*Store).Adopt(ctx, adoptSpec(dryRun, map[string]string{ParamMounter: "krbd"}))
 		testutil.WantKind(t, err, errdefs.ErrPrecondition, "journaling", "krbd", "rbd-nbd")
 	}
 
-	steps := append(unadopted(journaled),
+	steps := append(unadopted(infoJournaled),
 		commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).Prints(`{"watchers":[]}`))
 	inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, steps...))
 	dry, err := inst.Store.(*Store).Adopt(ctx, adoptSpec(true, map[string]string{ParamMounter: "rbd-nbd"}))
