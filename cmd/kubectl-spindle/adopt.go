@@ -298,7 +298,7 @@ func (a *adopter) bindNew(ctx context.Context, st *adoptState, old *corev1.Persi
 	}
 	deleteOld := fmt.Sprintf("delete PV %s (retained: its image stays)", old.Name)
 	if slices.Contains(old.Finalizers, provisionerFinalizer) {
-		deleteOld += fmt.Sprintf("; remove its finalizer %s if it stays (ceph-csi's provisioner, which drops it from a retained PV, is not running)", provisionerFinalizer)
+		deleteOld += fmt.Sprintf("; remove its finalizer %s should it stay (it does when ceph-csi's provisioner, which drops it from a retained PV, is not running)", provisionerFinalizer)
 	}
 	if err := a.step(deleteOld, func() error {
 		return a.deletePV(ctx, old.Name, newPV.Name)
