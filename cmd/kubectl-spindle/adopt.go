@@ -79,8 +79,12 @@ type Adoption struct {
 	StorageClass string     `json:"storageClass"`
 	VolumeID     string     `json:"volumeID,omitempty"`
 	Workloads    []Workload `json:"workloads"`
-	Steps        []string   `json:"steps"`
-	DryRun       bool       `json:"dryRun,omitempty"`
+	// ImageOpenBy names the clients that had the image open when adopt
+	// checked it (ceph-csi's mappings on the nodes of the claim's pods):
+	// the workloads are scaled down before the image is adopted.
+	ImageOpenBy []string `json:"imageOpenBy,omitempty"`
+	Steps       []string `json:"steps"`
+	DryRun      bool     `json:"dryRun,omitempty"`
 }
 
 // adoptState is what the PV of a claim being adopted carries.
@@ -207,7 +211,10 @@ func (a *adopter) start(ctx context.Context, pvc *corev1.PersistentVolumeClaim, 
 		return nil, err
 	}
 	// The controller checks the image, its location and the parameters
-	// before anything is changed.
+	// before anything is changed. This comes before the scale-down, so
+	// the image may well be open (the claim's pods run): the controller's
+	// dry run says by whom rather than refusing, and the real adoption,
+	// after the scale-down and the detach, refuses an image still open.
 	dry := req
 	dry.DryRun = true
 	checked, err := a.ctrl.Adopt(ctx, dry)
@@ -216,6 +223,19 @@ func (a *adopter) start(ctx context.Context, pvc *corev1.PersistentVolumeClaim, 
 	}
 	a.out.VolumeID = checked.VolumeID
 	a.note(fmt.Sprintf("checked: %s (PV %s, driver %s) is image %s, which the controller adopts as volume %s of StorageClass %s", a.out.Claim, pv.Name, pv.Spec.CSI.Driver, imageOf(pv), checked.VolumeID, sc.Name))
+	if len(checked.OpenBy) > 0 {
+		a.out.ImageOpenBy = checked.OpenBy
+		used, err := a.inUse(ctx, pvc.Namespace, pvc.Name, pv.Name)
+		if err != nil {
+			return nil, err
+		}
+		if !used {
+			// Scaling down closes only what the claim's pods opened.
+			return nil, fmt.Errorf("image %s is open by %s, but no pod uses claim %s and PV %s is attached to no node: something else has it open (another PV naming the image, an rbd map by hand); adopt changes nothing while it is open: find it with rbd status, stop it, and run adopt again",
+				imageOf(pv), strings.Join(checked.OpenBy, ", "), a.out.Claim, pv.Name)
+		}
+		a.note(fmt.Sprintf("image %s is open by %s (mapped on the node of the claim's pods): the workloads are scaled down and the PV detached before the controller adopts it, which it does only once nothing has it open", imageOf(pv), strings.Join(checked.OpenBy, ", ")))
+	}
 	if err := a.step(fmt.Sprintf("record the claim and its workloads' replicas on PV %s (annotation %s)", pv.Name, adoptStateAnnotation), func() error {
 		return a.annotate(ctx, pv.Name, st)
 	}); err != nil {
@@ -275,8 +295,12 @@ func (a *adopter) bindNew(ctx context.Context, st *adoptState, old *corev1.Persi
 	}); err != nil {
 		return nil, err
 	}
-	if err := a.step(fmt.Sprintf("delete PV %s (retained: its image stays)", old.Name), func() error {
-		return a.deletePV(ctx, old.Name)
+	deleteOld := fmt.Sprintf("delete PV %s (retained: its image stays)", old.Name)
+	if slices.Contains(old.Finalizers, provisionerFinalizer) {
+		deleteOld += fmt.Sprintf("; remove its finalizer %s should it stay (it does when ceph-csi's provisioner, which drops it from a retained PV, is not running)", provisionerFinalizer)
+	}
+	if err := a.step(deleteOld, func() error {
+		return a.deletePV(ctx, old.Name, newPV.Name)
 	}); err != nil {
 		return nil, err
 	}
@@ -524,22 +548,29 @@ func (a *adopter) scaleDown(ctx context.Context, namespace, claim, pv string, ws
 	}
 	return a.step(fmt.Sprintf("wait until no pod uses claim %s and PV %s is attached to no node", a.out.Claim, pv), func() error {
 		return a.wait(ctx, "the claim's pods to stop and its PV to be detached", func() (bool, error) {
-			pods, err := a.podsUsing(ctx, namespace, claim)
-			if err != nil || len(pods) > 0 {
-				return false, err
-			}
-			vas, err := a.kube.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, asPermissionError(err, "list", "volumeattachments", "")
-			}
-			for _, va := range vas.Items {
-				if src := va.Spec.Source.PersistentVolumeName; src != nil && *src == pv {
-					return false, nil
-				}
-			}
-			return true, nil
+			used, err := a.inUse(ctx, namespace, claim, pv)
+			return !used, err
 		})
 	})
+}
+
+// inUse reports whether a pod uses the claim or a VolumeAttachment holds
+// its PV: the image may be mapped on a node for them.
+func (a *adopter) inUse(ctx context.Context, namespace, claim, pv string) (bool, error) {
+	pods, err := a.podsUsing(ctx, namespace, claim)
+	if err != nil || len(pods) > 0 {
+		return len(pods) > 0, err
+	}
+	vas, err := a.kube.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, asPermissionError(err, "list", "volumeattachments", "")
+	}
+	for _, va := range vas.Items {
+		if src := va.Spec.Source.PersistentVolumeName; src != nil && *src == pv {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (a *adopter) scale(ctx context.Context, namespace string, w Workload, replicas int32) error {
@@ -588,7 +619,16 @@ func (a *adopter) deleteClaim(ctx context.Context, namespace, name string) error
 	})
 }
 
-func (a *adopter) deletePV(ctx context.Context, name string) error {
+// provisionerFinalizer is the finalizer the external-provisioner (v5.0.1
+// and later, the sidecar of ceph-csi's provisioner) puts on the PVs of its
+// driver whose reclaim policy is Delete, so that such a PV goes only once
+// its volume is deleted; it drops it itself from a PV that is changed to
+// Retain.
+const provisionerFinalizer = "external-provisioner.volume.kubernetes.io/finalizer"
+
+// deletePV deletes the retained PV of the old driver, replaced by the PV
+// named by, and waits until it is gone.
+func (a *adopter) deletePV(ctx context.Context, name, by string) error {
 	pvs := a.kube.CoreV1().PersistentVolumes()
 	pv, err := pvs.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -603,13 +643,57 @@ func (a *adopter) deletePV(ctx context.Context, name string) error {
 	if err := pvs.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return asPermissionError(err, "delete", "persistentvolumes", "")
 	}
-	return a.wait(ctx, "PV "+name+" to go", func() (bool, error) {
-		_, err := pvs.Get(ctx, name, metav1.GetOptions{})
+	err = a.wait(ctx, "PV "+name+" to go", func() (bool, error) {
+		pv, err = pvs.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
-		return false, err
+		if err != nil {
+			return false, err
+		}
+		return false, a.dropProvisionerFinalizer(ctx, pv, by)
 	})
+	if err != nil && pv != nil && len(pv.Finalizers) > 0 {
+		return fmt.Errorf("%w: it still has finalizers %s, which the controllers that put them there remove (kubectl get pv %s -o yaml)", err, strings.Join(pv.Finalizers, ", "), name)
+	}
+	return err
+}
+
+// dropProvisionerFinalizer removes provisionerFinalizer from pv, deleted
+// and retained, whose claim is gone. The external-provisioner removes it
+// itself from a retained PV; when it is still there, ceph-csi's
+// provisioner is not running (uninstalled before the adoption, say), and
+// the PV would never go. Removing it is what the provisioner would have
+// done, and it is safe: the finalizer only holds a PV of reclaim policy
+// Delete until its volume is deleted, the PV is Retain (nothing deletes
+// the image for it), and Spindle's PV, created before this, names the
+// image. Only that one finalizer is removed (a JSON patch that tests it
+// is still where it was read); any other stays for its own controller.
+func (a *adopter) dropProvisionerFinalizer(ctx context.Context, pv *corev1.PersistentVolume, by string) error {
+	i := slices.Index(pv.Finalizers, provisionerFinalizer)
+	if i < 0 || pv.DeletionTimestamp == nil {
+		return nil
+	}
+	if pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain {
+		return fmt.Errorf("PV %s is not retained (%s): its finalizer %s stays", pv.Name, pv.Spec.PersistentVolumeReclaimPolicy, provisionerFinalizer)
+	}
+	if ref := pv.Spec.ClaimRef; ref != nil {
+		c, err := a.kube.CoreV1().PersistentVolumeClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case err != nil && !apierrors.IsNotFound(err):
+			return asPermissionError(err, "get", "persistentvolumeclaims", ref.Namespace)
+		case err == nil && c.Spec.VolumeName == pv.Name:
+			return fmt.Errorf("PV %s is still bound to claim %s/%s: its finalizer %s stays", pv.Name, ref.Namespace, ref.Name, provisionerFinalizer)
+		}
+	}
+	a.note(fmt.Sprintf("PV %s (retained, its claim gone) still has finalizer %s after the delete: ceph-csi's provisioner, which drops it from a retained PV, is not running; removing that finalizer (the image stays: PV %s names it)", pv.Name, provisionerFinalizer, by))
+	path := "/metadata/finalizers/" + strconv.Itoa(i)
+	patch, _ := json.Marshal([]map[string]string{{"op": "test", "path": path, "value": provisionerFinalizer}, {"op": "remove", "path": path}})
+	_, err := a.kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) || apierrors.IsInvalid(err) || apierrors.IsConflict(err) {
+		return nil // gone, or changed since it was read: the next poll sees it
+	}
+	return asPermissionError(err, "patch", "persistentvolumes", "")
 }
 
 func (a *adopter) createClaim(ctx context.Context, claim *corev1.PersistentVolumeClaim) error {
@@ -759,7 +843,16 @@ func (a *adopter) newPV(st *adoptState, old *corev1.PersistentVolume, sc *storag
 
 func printAdoption(w io.Writer, a *Adoption) {
 	if a.DryRun {
-		fmt.Fprintf(w, "dry run: nothing was changed; adopt %s would do the %d steps above\n", a.Claim, len(a.Steps)-1)
+		steps := 0
+		for _, s := range a.Steps {
+			if strings.HasPrefix(s, "would ") {
+				steps++
+			}
+		}
+		fmt.Fprintf(w, "dry run: nothing was changed; adopt %s would do the %d steps above\n", a.Claim, steps)
+		if len(a.ImageOpenBy) > 0 {
+			fmt.Fprintf(w, "image open by %s now: the real run scales the workloads down first, and the controller adopts the image only once nothing has it open\n", strings.Join(a.ImageOpenBy, ", "))
+		}
 		return
 	}
 	fmt.Fprintf(w, "claim %s is now on %s: PV %s, volume %s (was PV %s of %s, %s)\n", a.Claim, defaultIfEmpty(a.StorageClass, "?"), a.NewPV, a.VolumeID, a.OldPV, defaultIfEmpty(a.OldDriver, "?"), defaultIfEmpty(a.OldHandle, "?"))

@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -25,6 +29,8 @@ import (
 type recordingAdopter struct {
 	calls []opsapi.AdoptRequest
 	fail  error
+	// openBy, when set, says who has the image open now (nil: nobody).
+	openBy func() []string
 }
 
 func (r *recordingAdopter) Adopt(_ context.Context, req opsapi.AdoptRequest) (*opsapi.AdoptedVolume, error) {
@@ -32,8 +38,26 @@ func (r *recordingAdopter) Adopt(_ context.Context, req opsapi.AdoptRequest) (*o
 	if r.fail != nil {
 		return nil, r.fail
 	}
+	var open []string
+	if r.openBy != nil {
+		open = r.openBy()
+	}
+	if len(open) > 0 && !req.DryRun {
+		return nil, fmt.Errorf("HTTP 412: adopt replicapool/%s: the image is still open by %v (mapped on a node, or open by another client): nothing was changed", req.Attributes["imageName"], open)
+	}
 	return &opsapi.AdoptedVolume{VolumeID: "rbd/ceph/replicapool/" + req.Attributes["imageName"], CapacityBytes: 1 << 30,
-		VolumeContext: map[string]string{"clusterID": "rook-ceph", "pool": "replicapool"}, DryRun: req.DryRun}, nil
+		VolumeContext: map[string]string{"clusterID": "rook-ceph", "pool": "replicapool"}, OpenBy: open, DryRun: req.DryRun}, nil
+}
+
+// mappedWhilePodRuns is ceph-csi's mapping of the image: open by the
+// node's client while the StatefulSet's pod pg-0 exists.
+func mappedWhilePodRuns(kube *fake.Clientset) func() []string {
+	return func() []string {
+		if _, err := kube.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), "db", "pg-0"); err != nil {
+			return nil
+		}
+		return []string{"10.0.0.7:0/3411306950"}
+	}
 }
 
 // cephCSICluster is a claim of ceph-csi's driver used by a StatefulSet's
@@ -101,7 +125,11 @@ func cephCSICluster(t *testing.T) *fake.Clientset {
 func ptrTo[T any](v T) *T { return &v }
 
 func adoptOpts(log *bytes.Buffer, dry bool) AdoptOptions {
-	return AdoptOptions{Driver: testDriver, DryRun: dry, Timeout: 2 * time.Second, Poll: 10 * time.Millisecond, Log: log}
+	o := AdoptOptions{Driver: testDriver, DryRun: dry, Timeout: 2 * time.Second, Poll: 10 * time.Millisecond}
+	if log != nil {
+		o.Log = log // not a nil *bytes.Buffer in the interface
+	}
+	return o
 }
 
 // TestAdoptDryRun: every step is printed, the controller checks the image
@@ -236,33 +264,38 @@ func TestAdoptRefuses(t *testing.T) {
 		name   string
 		change func(kube *fake.Clientset)
 		ctrl   error
+		open   []string // who has the image open, for the controller
 		want   string
 	}{
 		{"a bare pod", func(kube *fake.Clientset) {
 			_ = kube.Tracker().Add(pod("db", "debug", "worker-2", "data"))
-		}, nil, "pod db/debug uses claim data and no controller runs it"},
+		}, nil, nil, "pod db/debug uses claim data and no controller runs it"},
 		{"not ceph-csi's", func(kube *fake.Clientset) {
 			pv, _ := kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-1111", metav1.GetOptions{})
 			pv.Spec.CSI.Driver = "ebs.csi.aws.com"
 			_, _ = kube.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
-		}, nil, "adopt takes ceph-csi's RBD volumes"},
+		}, nil, nil, "adopt takes ceph-csi's RBD volumes"},
 		{"no image name", func(kube *fake.Clientset) {
 			pv, _ := kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-1111", metav1.GetOptions{})
 			delete(pv.Spec.CSI.VolumeAttributes, "imageName")
 			_, _ = kube.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
-		}, nil, "no volumeAttributes.imageName"},
+		}, nil, nil, "no volumeAttributes.imageName"},
 		{"two Spindle classes fit", func(kube *fake.Clientset) {
 			sc, _ := kube.StorageV1().StorageClasses().Get(ctx, "rook-ceph-block", metav1.GetOptions{})
 			sc.Name = "rook-ceph-block-2"
 			sc.ResourceVersion = ""
 			_, _ = kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
-		}, nil, "--storage-class"},
+		}, nil, nil, "--storage-class"},
 		{"no credentials for the controller", func(kube *fake.Clientset) {
 			sc, _ := kube.StorageV1().StorageClasses().Get(ctx, "rook-ceph-block", metav1.GetOptions{})
 			delete(sc.Parameters, "csi.storage.k8s.io/provisioner-secret-name")
 			_, _ = kube.StorageV1().StorageClasses().Update(ctx, sc, metav1.UpdateOptions{})
-		}, nil, "names no provisioner secret"},
-		{"the controller refuses", nil, errors.New("HTTP 412: adopt replicapool/csi-vol-6b9f: the image is still open"), "the controller cannot adopt"},
+		}, nil, nil, "names no provisioner secret"},
+		{"the controller refuses", nil, errors.New("HTTP 412: adopt replicapool/csi-vol-6b9f: the image is still open"), nil, "the controller cannot adopt"},
+		{"open, but not for the claim's pods", func(kube *fake.Clientset) {
+			_ = kube.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), "db", "pg-0")
+			_ = kube.Tracker().Delete(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), "", va("pvc-1111", "worker-1", attached).Name)
+		}, nil, []string{"10.0.0.9:0/1234"}, "is open by 10.0.0.9:0/1234, but no pod uses claim db/data and PV pvc-1111 is attached to no node"},
 		// ceph-csi's class said encrypted: its PV's attributes carry it,
 		// and the controller's dry run refuses the image (static.go).
 		{"ceph-csi encrypted it", func(kube *fake.Clientset) {
@@ -270,7 +303,7 @@ func TestAdoptRefuses(t *testing.T) {
 			pv.Spec.CSI.VolumeAttributes["encrypted"] = "true"
 			pv.Spec.CSI.VolumeAttributes["encryptionKMSID"] = "vault"
 			_, _ = kube.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
-		}, errors.New(`HTTP 400: handle "0001-0009-rook-ceph-0000000000000002-6b9f": its volume attributes say encrypted "true", but Spindle opens only the encrypted volumes it created`), "opens only the encrypted volumes it created"},
+		}, errors.New(`HTTP 400: handle "0001-0009-rook-ceph-0000000000000002-6b9f": its volume attributes say encrypted "true", but Spindle opens only the encrypted volumes it created`), nil, "opens only the encrypted volumes it created"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			kube := cephCSICluster(t)
@@ -278,7 +311,7 @@ func TestAdoptRefuses(t *testing.T) {
 				tt.change(kube)
 			}
 			before := len(kube.Actions())
-			_, err := Adopt(ctx, kube, "db", "data", &recordingAdopter{fail: tt.ctrl}, adoptOpts(nil, false))
+			_, err := Adopt(ctx, kube, "db", "data", &recordingAdopter{fail: tt.ctrl, openBy: func() []string { return tt.open }}, adoptOpts(nil, false))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("adopt = %v, want an error naming %q", err, tt.want)
 			}
@@ -292,5 +325,105 @@ func TestAdoptRefuses(t *testing.T) {
 	_, err := Adopt(ctx, cephCSICluster(t), "db", "pv/pvc-1111", &recordingAdopter{}, adoptOpts(nil, false))
 	if err == nil || !strings.Contains(err.Error(), "adopt takes a claim") {
 		t.Fatalf("adopt pv/...: %v", err)
+	}
+}
+
+// TestAdoptOpenImage: the claim's pod runs, so ceph-csi has the image
+// mapped (the controller's dry run answers it open by the node's client).
+// The dry run says so and that the real run scales down first; the real
+// run scales down, waits for the detach, and only then adopts (the
+// controller refuses an image still open), and scales the StatefulSet back.
+func TestAdoptOpenImage(t *testing.T) {
+	ctx := context.Background()
+	kube := cephCSICluster(t)
+	ctrl := &recordingAdopter{openBy: mappedWhilePodRuns(kube)}
+	var log bytes.Buffer
+	a, err := Adopt(ctx, kube, "db", "pvc/data", ctrl, adoptOpts(&log, true))
+	if err != nil {
+		t.Fatalf("adopt --dry-run of a claim whose pod runs: %v", err)
+	}
+	note := "image replicapool/csi-vol-6b9f (cluster rook-ceph) is open by 10.0.0.7:0/3411306950 (mapped on the node of the claim's pods): the workloads are scaled down and the PV detached before the controller adopts it"
+	if !strings.Contains(log.String(), note) || !slices.Equal(a.ImageOpenBy, []string{"10.0.0.7:0/3411306950"}) {
+		t.Fatalf("the dry run does not say the image is open (%v):\n%s", a.ImageOpenBy, log.String())
+	}
+	var out bytes.Buffer
+	printAdoption(&out, a)
+	if want := "dry run: nothing was changed; adopt db/data would do the 11 steps above\nimage open by 10.0.0.7:0/3411306950 now: the real run scales the workloads down first"; !strings.Contains(out.String(), want) {
+		t.Fatalf("the dry run's summary:\n%s\nwant %q", out.String(), want)
+	}
+
+	log.Reset()
+	if _, err := Adopt(ctx, kube, "db", "pvc/data", ctrl, adoptOpts(&log, false)); err != nil {
+		t.Fatalf("adopt: %v\n%s", err, log.String())
+	}
+	if claim, err := kube.CoreV1().PersistentVolumeClaims("db").Get(ctx, "data", metav1.GetOptions{}); err != nil || claim.Spec.VolumeName != "pvc-1111-spindle" {
+		t.Fatalf("the claim after adopt: %+v, %v", claim, err)
+	}
+	if ss, _ := kube.AppsV1().StatefulSets("db").Get(ctx, "pg", metav1.GetOptions{}); *ss.Spec.Replicas != 1 {
+		t.Fatalf("the StatefulSet has %d replicas, want 1 back", *ss.Spec.Replicas)
+	}
+}
+
+// TestAdoptProvisionerGone: ceph-csi's provisioner is uninstalled, so
+// nothing drops its finalizer from the retained old PV, which would never
+// go: adopt says so, removes that one finalizer, and finishes.
+func TestAdoptProvisionerGone(t *testing.T) {
+	ctx := context.Background()
+	kube := cephCSICluster(t)
+	pvs := corev1.SchemeGroupVersion.WithResource("persistentvolumes")
+	old, _ := kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-1111", metav1.GetOptions{})
+	old.Finalizers = []string{"kubernetes.io/pv-protection", provisionerFinalizer}
+	if err := kube.Tracker().Update(pvs, old, ""); err != nil {
+		t.Fatal(err)
+	}
+	// The API server: a PV with finalizers is only marked deleted, and
+	// goes once they are all gone (the PV controller drops
+	// kubernetes.io/pv-protection from a PV with no claim).
+	kube.PrependReactor("delete", "persistentvolumes", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		obj, err := kube.Tracker().Get(pvs, "", action.(k8stesting.DeleteAction).GetName())
+		if err != nil || len(obj.(*corev1.PersistentVolume).Finalizers) == 0 {
+			return false, nil, nil
+		}
+		pv := obj.(*corev1.PersistentVolume)
+		pv.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		return true, nil, kube.Tracker().Update(pvs, pv, "")
+	})
+	kube.PrependReactor("get", "persistentvolumes", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		name := action.(k8stesting.GetAction).GetName()
+		obj, err := kube.Tracker().Get(pvs, "", name)
+		if err != nil || obj.(*corev1.PersistentVolume).DeletionTimestamp == nil {
+			return false, nil, nil
+		}
+		pv := obj.(*corev1.PersistentVolume)
+		pv.Finalizers = slices.DeleteFunc(pv.Finalizers, func(f string) bool { return f == "kubernetes.io/pv-protection" })
+		if len(pv.Finalizers) == 0 {
+			_ = kube.Tracker().Delete(pvs, "", name)
+			return true, nil, apierrors.NewNotFound(pvs.GroupResource(), name)
+		}
+		return true, pv, kube.Tracker().Update(pvs, pv, "")
+	})
+	var log bytes.Buffer
+	if _, err := Adopt(ctx, kube, "db", "pvc/data", &recordingAdopter{}, adoptOpts(&log, false)); err != nil {
+		t.Fatalf("adopt: %v\n%s", err, log.String())
+	}
+	if want := "PV pvc-1111 (retained, its claim gone) still has finalizer external-provisioner.volume.kubernetes.io/finalizer after the delete: ceph-csi's provisioner, which drops it from a retained PV, is not running; removing that finalizer (the image stays: PV pvc-1111-spindle names it)"; !strings.Contains(log.String(), want) {
+		t.Fatalf("adopt did not say why it removes the finalizer:\n%s", log.String())
+	}
+	if _, err := kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-1111", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the old PV is still there: %v", err)
+	}
+	for _, act := range kube.Actions() {
+		p, ok := act.(k8stesting.PatchAction)
+		if !ok || p.GetPatchType() != types.JSONPatchType {
+			continue
+		}
+		var ops []map[string]string
+		if json.Unmarshal(p.GetPatch(), &ops) != nil || len(ops) != 2 || ops[0]["op"] != "test" || ops[0]["value"] != provisionerFinalizer ||
+			ops[1]["op"] != "remove" || ops[1]["path"] != ops[0]["path"] {
+			t.Fatalf("adopt patched PV %s with %s: want the provisioner's finalizer removed, nothing else", p.GetName(), p.GetPatch())
+		}
+	}
+	if claim, err := kube.CoreV1().PersistentVolumeClaims("db").Get(ctx, "data", metav1.GetOptions{}); err != nil || claim.Spec.VolumeName != "pvc-1111-spindle" {
+		t.Fatalf("the claim after adopt: %+v, %v", claim, err)
 	}
 }

@@ -138,6 +138,19 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 	})
 	objects := r.dataObjects(t, image)
 
+	// No ceph-csi runs here. Its CSIDriver requires attach, and its
+	// attacher would answer at once; without one, the attach-detach
+	// controller's attach of the ceph-csi PV hangs for two minutes a try
+	// and holds back the detach that adopt waits for (a run here waited
+	// over five minutes). A CSIDriver without attach stands in for it.
+	cephDriver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "rook-ceph.rbd.csi.ceph.com"}, Spec: storagev1.CSIDriverSpec{AttachRequired: new(bool)}}
+	if _, err := c.Client.StorageV1().CSIDrivers().Create(ctx, cephDriver, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.StorageV1().CSIDrivers().Delete(context.Background(), cephDriver.Name, metav1.DeleteOptions{})
+	})
+
 	// The PV and claim ceph-csi's provisioner made for it.
 	oldPV := "pvc-" + uuid
 	block := corev1.PersistentVolumeBlock

@@ -49,12 +49,23 @@ const StaticVolumeAttribute = "staticVolume"
 // by another driver in place (ceph-csi's, kubectl spindle adopt): the image
 // gains the records of a volume of this store and no data moves.
 type Adopter interface {
-	// Adopt makes spec.ImageID a volume named spec.Name. An image that is
-	// in use (mapped on a node), or that already is another volume, is
-	// ErrPrecondition; adopting it again under the same name returns it.
-	// With DryRun nothing is written and the volume is returned as it
-	// would be.
-	Adopt(ctx context.Context, spec AdoptSpec) (*Image, error)
+	// Adopt makes spec.ImageID a volume named spec.Name. An image that
+	// already is another volume, or that the volume's mounter cannot map,
+	// is ErrPrecondition; adopting it again under the same name returns
+	// it. An image in use (open on a node) is ErrPrecondition too, but for
+	// a dry run: the dry run comes before whatever uses the image is
+	// stopped, so it answers who has the image open (Adopted.OpenBy)
+	// instead. With DryRun nothing is written and the volume is returned
+	// as it would be.
+	Adopt(ctx context.Context, spec AdoptSpec) (*Adopted, error)
+}
+
+// Adopted is the volume an image became (or, in a dry run, would become).
+type Adopted struct {
+	Image *Image
+	// OpenBy names the clients that have the image open (a dry run only;
+	// a real adoption of an open image is refused).
+	OpenBy []string
 }
 
 // AdoptSpec is what Adopt is asked for.

@@ -31,7 +31,9 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 	// request must carry the backend's credentials (the StorageClass's
 	// provisioner secret), so that only someone who holds them, and could
 	// change the image with them anyway, adopts it; the controller's own
-	// identity is never lent to it.
+	// identity is never lent to it (WithSecretsOnly: secrets that name no
+	// complete identity are refused by the backend, not completed with its
+	// own).
 	if len(r.Secrets) == 0 {
 		return nil, errdefs.InvalidArgument("secrets are required: the credentials the image is reached with (kubectl spindle adopt sends the StorageClass's provisioner secret, or --secret)")
 	}
@@ -74,14 +76,14 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 		return nil, err
 	}
 	defer release()
-	img, err := adopter.Adopt(backend.WithSecrets(ctx, r.Secrets), spec)
+	res, err := adopter.Adopt(backend.WithSecretsOnly(ctx, r.Secrets), spec)
 	if err != nil {
 		return nil, err
 	}
-	vol, err := d.csiVolume(inst, img)
+	vol, err := d.csiVolume(inst, res.Image)
 	if err != nil {
 		return nil, err
 	}
-	d.log.Info("adopted an image", zap.String("volumeID", vol.GetVolumeId()), zap.String("name", r.Name), zap.Bool("dryRun", r.DryRun))
-	return &opsapi.AdoptedVolume{VolumeID: vol.GetVolumeId(), CapacityBytes: vol.GetCapacityBytes(), VolumeContext: vol.GetVolumeContext(), DryRun: r.DryRun}, nil
+	d.log.Info("adopted an image", zap.String("volumeID", vol.GetVolumeId()), zap.String("name", r.Name), zap.Bool("dryRun", r.DryRun), zap.Strings("openBy", res.OpenBy))
+	return &opsapi.AdoptedVolume{VolumeID: vol.GetVolumeId(), CapacityBytes: vol.GetCapacityBytes(), VolumeContext: vol.GetVolumeContext(), OpenBy: res.OpenBy, DryRun: r.DryRun}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -29,6 +30,7 @@ import (
 type cephLike struct {
 	*filestore.Store
 	static backend.Attacher
+	openBy []string // the clients that have every image open
 }
 
 func (cephLike) Claims(p map[string]string) bool { return p["clusterID"] == "rook-ceph" }
@@ -71,13 +73,19 @@ func (cephLike) StaticPublishContext(imageID string, _ map[string]string) (map[s
 
 func (c cephLike) StaticAttacher() backend.Attacher { return c.static }
 
-func (c cephLike) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Image, error) {
+func (c cephLike) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Adopted, error) {
 	img, err := c.Get(ctx, spec.ImageID)
 	if err != nil {
 		return nil, err
 	}
 	img.Parameters = spec.Parameters
-	return img, nil
+	if len(c.openBy) > 0 {
+		if !spec.DryRun {
+			return nil, errdefs.Precondition("adopt %s: the image is still open by %v", spec.ImageID, c.openBy)
+		}
+		return &backend.Adopted{Image: img, OpenBy: c.openBy}, nil
+	}
+	return &backend.Adopted{Image: img}, nil
 }
 
 // withCephLike makes loop/fast a cephLike backend and returns its store.
@@ -345,5 +353,22 @@ func TestAdoptEndpoint(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("a request with an unknown field = %d", resp.StatusCode)
+	}
+
+	// An image still open on a node: the dry run says by whom, the real
+	// adoption is refused.
+	inst := e.d.instances[fastKey]
+	open := inst.Store.(cephLike)
+	open.openBy = []string{"10.0.0.7:0/3411306950"}
+	inst.Store = open
+	code, body = post(good)
+	out = opsapi.AdoptedVolume{}
+	if code != http.StatusOK || json.Unmarshal(body, &out) != nil || !slices.Equal(out.OpenBy, open.openBy) {
+		t.Errorf("a dry run of an open image = %d %s, want it open by %v", code, body, open.openBy)
+	}
+	adoption := good
+	adoption.DryRun = false
+	if code, body := post(adoption); code != http.StatusPreconditionFailed || !strings.Contains(string(body), "10.0.0.7:0/3411306950") {
+		t.Errorf("adopting an open image = %d %s, want 412 naming its client", code, body)
 	}
 }

@@ -6,8 +6,9 @@ package opsapi
 //
 // A failed request answers {"error": "..."} with an HTTP status: 400 for
 // a bad request, 404 for an image that does not exist, 409 while another
-// operation holds the volume, 412 for an image in use or already another
-// volume, 503 when the backend cannot be reached.
+// operation holds the volume, 412 for an image in use (a dry run answers
+// it, in OpenBy), one already another volume or one the StorageClass's
+// mounter cannot map, 503 when the backend cannot be reached.
 
 // PathAdopt is where a controller adopts an image.
 const PathAdopt = "/volumes/adopt"
@@ -41,5 +42,9 @@ type AdoptedVolume struct {
 	VolumeID      string            `json:"volumeID"`
 	CapacityBytes int64             `json:"capacityBytes"`
 	VolumeContext map[string]string `json:"volumeContext,omitempty"`
-	DryRun        bool              `json:"dryRun,omitempty"`
+	// OpenBy names the clients that have the image open (ceph-csi's
+	// mappings on nodes: their addresses), in a dry run's answer only; the
+	// real adoption refuses an image that is open.
+	OpenBy []string `json:"openBy,omitempty"`
+	DryRun bool     `json:"dryRun,omitempty"`
 }

@@ -1,12 +1,15 @@
 package rbd_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/rbd"
@@ -74,11 +77,49 @@ func TestAdoptCephCSIImage(t *testing.T) {
 	}
 	spec := backend.AdoptSpec{ImageID: id, Name: "pvc-4711", AccessType: backend.AccessMount, FsType: "ext4",
 		Parameters: map[string]string{"clusterID": "test", "pool": cl.Pool, "imageFeatures": "layering"}, DryRun: true}
+
+	// While ceph-csi has it mapped (a watch, as its node's mapping holds
+	// one) the dry run says who has it open, and the adoption is refused.
+	// rbd watch holds its watch until a line (or EOF) on its stdin.
+	watch := exec.Command("rbd", "watch", cl.Pool+"/"+image, "-c", cl.Conf)
+	watch.Env = append(os.Environ(), "LC_ALL=C")
+	var watchErr bytes.Buffer
+	watch.Stderr = &watchErr
+	stdin, err := watch.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var stopWatch sync.Once
+	unwatch := func() { stopWatch.Do(func() { _ = stdin.Close(); _ = watch.Process.Kill(); _ = watch.Wait() }) }
+	t.Cleanup(unwatch)
+	var openDry *backend.Adopted
+	for range 100 {
+		if openDry, err = s.Adopt(ctx, spec); err != nil || len(openDry.OpenBy) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // until rbd watch has opened it
+	}
+	if err != nil || len(openDry.OpenBy) != 1 {
+		unwatch() // its stderr is complete once it has ended
+		t.Fatalf("dry run while rbd watch has the image open = %+v, %v; want it open by one client (rbd watch: %v %s)", openDry, err, watch.ProcessState, watchErr.String())
+	}
+	adoption := spec
+	adoption.DryRun = false
+	_, err = s.Adopt(ctx, adoption)
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "still open by ["+openDry.OpenBy[0]+"]")
+	unwatch()
+	if err := cl.AwaitNoWatchers(ctx, image, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
 	dry, err := s.Adopt(ctx, spec)
 	if err != nil {
 		t.Fatalf("dry run: %v", err)
 	}
-	if dry.Name != "pvc-4711" || dry.CapacityBytes != 256*MiB {
+	if dry.Image.Name != "pvc-4711" || dry.Image.CapacityBytes != 256*MiB || len(dry.OpenBy) != 0 {
 		t.Fatalf("dry run answered %+v", dry)
 	}
 	if _, err := inst.Store.Get(ctx, id); errdefs.KindOf(err) != errdefs.ErrNotFound {
@@ -106,7 +147,7 @@ func TestAdoptCephCSIImage(t *testing.T) {
 		t.Fatalf("data after the adoption: %s, %v; want %s", after, err, sum)
 	}
 	again, err := s.Adopt(ctx, spec)
-	if err != nil || again.ID != img.ID {
+	if err != nil || again.Image.ID != img.Image.ID {
 		t.Fatalf("adopting again under the same name = %+v, %v; want the volume", again, err)
 	}
 	other := spec
@@ -124,6 +165,7 @@ func TestAdoptCephCSIImage(t *testing.T) {
 	if sumR, err := cl.Checksum(ctx, restored.ID[strings.LastIndex(restored.ID, "/")+1:], written); err != nil || sumR != sum {
 		t.Fatalf("the restore of the adopted volume's snapshot holds %s, %v; want %s", sumR, err, sum)
 	}
+	t.Logf("while rbd watch had it open: the dry run answered open by %v, the adoption was refused", openDry.OpenBy)
 	t.Logf("adopted %s (%d data objects, 64 MiB written) in place: objects and data unchanged; snapshot %s restored as %s with the same data", image, objects, snap.ID, restored.ID)
 
 	// An image ceph-csi encrypted (its encryption state in image-meta, as
@@ -170,4 +212,42 @@ func TestSetEncryption(t *testing.T) {
 	}
 	err = keeper.SetEncryption(ctx, cl.Pool+"/csi-vol-00000000000000000000000000000000", next)
 	testutil.WantKind(t, err, errdefs.ErrNotFound, "does not exist")
+}
+
+// TestAdoptJournaledImage: an image of ceph-csi's with journaling (which
+// krbd cannot map) is not adopted into a class of krbd, dry run or not,
+// and nothing is written to it; into a class of rbd-nbd it is.
+func TestAdoptJournaledImage(t *testing.T) {
+	cl := rbdtest.Require(t)
+	_, s, ctx := controller(t, cl, rbd.Config{}, nil)
+	const image = "csi-vol-0d5c7a3e-journaled"
+	if _, err := cl.RBD(ctx, "create", "--size", "64M", "--image-feature", "layering,exclusive-lock,journaling", cl.Pool+"/"+image); err != nil {
+		t.Fatal(err)
+	}
+	info, err := cl.RBD(ctx, "info", "--format", "json", cl.Pool+"/"+image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rbd info --format json: %s", info)
+	id, err := s.StaticImage("0001-0004-test-0000000000000001-0d5c7a3e", map[string]string{"clusterID": "test", "pool": cl.Pool, "imageName": image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := backend.AdoptSpec{ImageID: id, Name: "pvc-journaled", AccessType: backend.AccessMount, FsType: "ext4",
+		Parameters: map[string]string{"clusterID": "test", "pool": cl.Pool, "mounter": "krbd"}}
+	var refused error
+	for _, dryRun := range []bool{true, false} {
+		spec.DryRun = dryRun
+		_, refused = s.Adopt(ctx, spec)
+		testutil.WantKind(t, refused, errdefs.ErrPrecondition, "journaling", "krbd")
+	}
+	if meta, err := cl.RBD(ctx, "image-meta", "list", "--format", "json", cl.Pool+"/"+image); err != nil || len(strings.TrimSpace(string(meta))) != 0 {
+		t.Fatalf("the refused image has metadata %q, %v", meta, err)
+	}
+	spec.Parameters["mounter"] = "rbd-nbd"
+	got, err := s.Adopt(ctx, spec)
+	if err != nil || got.Image.Name != "pvc-journaled" {
+		t.Fatalf("adopting it into a class of rbd-nbd = %+v, %v", got, err)
+	}
+	t.Logf("refused for krbd: %v", refused)
 }

@@ -98,12 +98,16 @@ type credentials struct {
 	cleanup func()
 }
 
-// credentialsFor picks the request's secrets, or else the instance's own
-// identity. The key from the secrets is written to a 0600 file in a fresh
-// 0700 directory, named on the command line with --keyfile and removed when
-// the call ends: a key never appears in argv (readable by anyone in ps) nor
-// in an environment, a log line or an error.
-func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
+// credentialsFor picks the request's secrets for a call to cluster id, or
+// else, for the instance's own cluster only, its own identity: that
+// identity belongs to the own cluster, and a cluster of the map is
+// reached with the request's secrets or not at all (as ceph-csi does). A
+// request marked backend.WithSecretsOnly never gets the own identity.
+// The key from the secrets is written to a 0600 file in a fresh 0700
+// directory, named on the command line with --keyfile and removed when
+// the call ends: a key never appears in argv (readable by anyone in ps)
+// nor in an environment, a log line or an error.
+func (c *cluster) credentialsFor(ctx context.Context, id string) (*credentials, error) {
 	s := backend.SecretsFrom(ctx)
 	idKey, keyKey := SecretUserID, SecretUserKey
 	if s[SecretUserID] == "" && s[SecretUserKey] == "" && (s[SecretAdminID] != "" || s[SecretAdminKey] != "") {
@@ -127,6 +131,10 @@ func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
 		return &credentials{user: user, keyFile: file, cleanup: func() { _ = os.RemoveAll(dir) }}, nil
 	case user != "" || key != "":
 		return nil, errdefs.InvalidArgument("CSI secrets name %s without %s: both are needed", presentKey(s, idKey, keyKey), missingKey(s, idKey, keyKey))
+	case backend.SecretsOnly(ctx):
+		return nil, errdefs.InvalidArgument("the request's secrets name no cephx identity: %s and %s (or %s and %s) are needed", SecretUserID, SecretUserKey, SecretAdminID, SecretAdminKey)
+	case id != c.cfg.ClusterID:
+		return nil, errdefs.Precondition("no cephx credentials for cluster %s: the request carries no CSI secrets %s and %s, and this backend's own identity is for its own cluster %s only (name the secrets in the StorageClass, or on the PersistentVolume of a static volume)", id, SecretUserID, SecretUserKey, c.cfg.ClusterID)
 	case c.cfg.UserID != "":
 		return &credentials{user: c.cfg.UserID, keyFile: c.cfg.KeyFile, cleanup: func() {}}, nil
 	case c.cfg.ConfigFile != "":
@@ -210,7 +218,7 @@ func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, a
 	if err != nil {
 		return nil, err
 	}
-	cred, err := k.credentialsFor(ctx)
+	cred, err := k.credentialsFor(ctx, k.id)
 	if err != nil {
 		return nil, err
 	}

@@ -144,11 +144,15 @@ func mapName(path string) string {
 }
 
 // knowsCluster reports whether id is the instance's own cluster or one of
-// its cluster map.
-func (c *cluster) knowsCluster(id string) bool {
+// its cluster map; a map that cannot be read is ErrUnavailable naming it,
+// never "unknown cluster" (the cause would be lost).
+func (c *cluster) knowsCluster(id string) (bool, error) {
 	if id == c.cfg.ClusterID {
-		return true
+		return true, nil
 	}
 	e, err := lookupCluster(c.cfg.ClusterMap, id)
-	return err == nil && e != nil
+	if err != nil {
+		return false, errdefs.Wrap(errdefs.ErrUnavailable, err, "cluster %s", id)
+	}
+	return e != nil, nil
 }

@@ -65,7 +65,7 @@ func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	if err != nil {
 		return err
 	}
-	cred, err := f.c.credentialsFor(ctx)
+	cred, err := f.c.credentialsFor(ctx, r.cluster)
 	if err != nil {
 		return err
 	}

@@ -118,7 +118,9 @@ func (s *Store) volumeOptionsOf(params map[string]string) (volumeOptions, error)
 			if !clusterIDRe.MatchString(v) {
 				return o, bad("not a cluster ID (1-64 letters, digits, '.', '_', '-')")
 			}
-			if !s.c.knowsCluster(v) {
+			if known, err := s.c.knowsCluster(v); err != nil {
+				return o, err
+			} else if !known {
 				return o, bad("this rbd backend (%s) serves cluster %s and the clusters of its cluster map%s, not this one", s.key, s.cfg.ClusterID, mapName(s.cfg.ClusterMap))
 			}
 			o.loc.cluster = v
@@ -283,6 +285,9 @@ func parseMounterOptions(s string) (map[string]string, error) {
 		return out, nil
 	}
 	for _, part := range strings.Split(s, ";") {
+		if strings.TrimSpace(part) == "" {
+			continue // "krbd:a;" as ceph-csi takes it: an empty item is none
+		}
 		mounter, opts, found := strings.Cut(part, ":")
 		if !found {
 			mounter, opts = "krbd", part
@@ -349,10 +354,16 @@ func (s *Store) snapshotOptionsOf(source ref, params map[string]string) (snapsho
 
 // Claims implements backend.Parameters: parameters that name no backend
 // instance are this instance's when their clusterID is its own cluster or
-// one of its cluster map.
+// one of its cluster map. While its map cannot be read it claims them
+// too, so that the request fails on the map's error rather than going to
+// another backend that knows no clusterID.
 func (s *Store) Claims(params map[string]string) bool {
 	id, ok := params[ParamClusterID]
-	return ok && s.c.knowsCluster(id)
+	if !ok {
+		return false
+	}
+	known, err := s.c.knowsCluster(id)
+	return known || err != nil
 }
 
 // CheckVolumeParameters implements backend.Parameters.
@@ -373,6 +384,17 @@ func (s *Store) CheckSnapshotParameters(sourceImageID string, params map[string]
 
 var _ backend.Parameters = (*Store)(nil)
 
+// defaultMapOptions are the instance's configured map options when
+// mounter is the instance's mounter: they are written for that mounter (a
+// krbd option means nothing to rbd-nbd, which refuses it), so a class that
+// picks another mounter starts from none.
+func (s *Store) defaultMapOptions(mounter string) string {
+	if mounter != s.cfg.Mounter {
+		return ""
+	}
+	return s.cfg.MapOptions
+}
+
 // mapSettings is how a node maps a volume: its mounter and that mounter's
 // map and unmap options, from the publish_context the controller gave
 // (which it derived from the volume's record), else the volume's record,
@@ -386,7 +408,7 @@ func (s *Store) mapSettings(img *backend.Image, pc map[string]string) (mounter, 
 	if m, ok := mounterNames[pc[ContextMounter]]; ok {
 		mounter = m
 	}
-	mapOpts = s.cfg.MapOptions
+	mapOpts = s.defaultMapOptions(mounter)
 	if v, ok := img.Parameters[ParamMapOptions]; ok {
 		mapOpts = optionsFor(v, mounter)
 	}

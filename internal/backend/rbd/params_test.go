@@ -2,6 +2,7 @@ package rbd
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -304,6 +305,20 @@ func TestClusterMap(t *testing.T) {
 			t.Errorf("map %s: %v, want %q", bad.content, err, bad.want)
 		}
 	}
+	// A map that cannot be read: a class naming one of its clusters is
+	// still this backend's (Claims), and fails on the map's own error, not
+	// as an unknown cluster; so does one naming the own cluster, whose
+	// monitors and namespace the map may hold.
+	if err := os.WriteFile(s.cfg.ClusterMap, []byte(`[{"clusterID":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Claims(map[string]string{"clusterID": "c1"}) {
+		t.Error("with the map unreadable, Claims let go of a class naming a cluster of the map")
+	}
+	err = s.CheckVolumeParameters(map[string]string{"clusterID": "c1", "pool": "p"})
+	testutil.WantKind(t, err, errdefs.ErrUnavailable, "cluster c1", s.cfg.ClusterMap)
+	err = s.CheckVolumeParameters(map[string]string{"clusterID": "rook-ceph", "pool": "p"})
+	testutil.WantKind(t, err, errdefs.ErrUnavailable, "cluster rook-ceph", s.cfg.ClusterMap)
 	// No map file yet (the ConfigMap not created): the config's monitors.
 	s.cfg.ClusterMap = filepath.Join(t.TempDir(), "missing.json")
 	s.c.cfg = s.cfg
@@ -360,7 +375,7 @@ func TestSecretsAdminID(t *testing.T) {
 		{map[string]string{"adminID": "admin"}, "", "adminKey"},
 		{map[string]string{"userKey": "AQB=="}, "", "userID"},
 	} {
-		cred, err := c.credentialsFor(backend.WithSecrets(context.Background(), tt.secrets))
+		cred, err := c.credentialsFor(backend.WithSecrets(context.Background(), tt.secrets), "c")
 		if tt.missing != "" {
 			testutil.WantKind(t, err, errdefs.ErrInvalidArgument, tt.missing)
 			continue
@@ -371,6 +386,30 @@ func TestSecretsAdminID(t *testing.T) {
 		}
 		cred.cleanup()
 	}
+}
+
+// TestCredentialsFallBackToTheOwnIdentityOnlyForTheOwnCluster: without
+// secrets, a call to the instance's own cluster uses its configured
+// identity; a call to another cluster of the map, or a request whose
+// secrets must be the only credentials (adopt), never does.
+func TestCredentialsFallBackToTheOwnIdentityOnlyForTheOwnCluster(t *testing.T) {
+	c := &cluster{cfg: Config{ClusterID: "own", Pool: "p", UserID: "spindle", KeyFile: "/etc/spindle/key"}.withDefaults()}
+	ctx := context.Background()
+	cred, err := c.credentialsFor(ctx, "own")
+	if err != nil || cred.user != "spindle" || cred.keyFile != "/etc/spindle/key" {
+		t.Fatalf("own cluster without secrets: %+v, %v; want the configured identity", cred, err)
+	}
+	_, err = c.credentialsFor(ctx, "rook-ceph")
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "no cephx credentials for cluster rook-ceph", "own cluster own only")
+	for _, secrets := range []map[string]string{{"x": "y"}, {"encryptionPassphrase": "z"}} {
+		_, err = c.credentialsFor(backend.WithSecretsOnly(ctx, secrets), "own")
+		testutil.WantKind(t, err, errdefs.ErrInvalidArgument, "name no cephx identity", "userID", "adminID")
+	}
+	cred, err = c.credentialsFor(backend.WithSecretsOnly(ctx, map[string]string{"userID": "csi-rbd-provisioner", "userKey": "AQB=="}), "rook-ceph")
+	if err != nil || cred.user != "csi-rbd-provisioner" || cred.keyFile == "/etc/spindle/key" {
+		t.Fatalf("secrets only, a complete pair: %+v, %v", cred, err)
+	}
+	cred.cleanup()
 }
 
 // TestRookExampleClasses: Rook's example StorageClass and
@@ -411,5 +450,49 @@ func TestRookExampleClasses(t *testing.T) {
 	source := location{cluster: "rook-ceph", pool: "replicapool"}.ref("csi-vol-0123456789abcdef0123456789abcdef")
 	if so, err := s.snapshotOptionsOf(source, vsc); err != nil || so.prefix != snapPrefix {
 		t.Fatalf("Rook's VolumeSnapshotClass: %+v, %v", so, err)
+	}
+}
+
+// TestMapOptionsPerMounter: ceph-csi's "krbd:…;nbd:…" form with an empty
+// item (a trailing ';') is taken as ceph-csi takes it, and the instance's
+// own map options (written for its mounter) never reach another mounter.
+func TestMapOptionsPerMounter(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want map[string]string
+	}{
+		{"krbd:lock_on_read;", map[string]string{MounterKRBD: "lock_on_read"}},
+		{";nbd:try-netlink;;", map[string]string{MounterNBD: "try-netlink"}},
+		{"lock_on_read,queue_depth=128", map[string]string{MounterKRBD: "lock_on_read,queue_depth=128"}},
+	} {
+		got, err := parseMounterOptions(tt.in)
+		if err != nil || !maps.Equal(got, tt.want) {
+			t.Errorf("parseMounterOptions(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+	if _, err := parseMounterOptions("krbd:a;krbd:b"); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("krbd named twice: %v", err)
+	}
+
+	s := paramStore(t, rookClusterMap)
+	s.cfg.MapOptions = "lock_on_read" // the instance's, for krbd
+	s.c.cfg = s.cfg
+	for _, tt := range []struct {
+		attrs map[string]string
+		want  string
+	}{
+		{map[string]string{}, "lock_on_read"},
+		{map[string]string{"mounter": "rbd-nbd"}, ""},
+		{map[string]string{"mounter": "rbd-nbd", "mapOptions": "nbd:try-netlink"}, "try-netlink"},
+		{map[string]string{"mapOptions": "krbd:noshare;"}, "noshare"},
+	} {
+		pc, err := s.StaticPublishContext("replicapool/static-image", tt.attrs)
+		if err != nil || pc[ContextMapOptions] != tt.want {
+			t.Errorf("StaticPublishContext(%v): map options %q, %v; want %q", tt.attrs, pc[ContextMapOptions], err, tt.want)
+		}
+		img := &backend.Image{Parameters: tt.attrs}
+		if _, mapOpts, _ := s.mapSettings(img, nil); mapOpts != tt.want {
+			t.Errorf("mapSettings(%v): map options %q; want %q", tt.attrs, mapOpts, tt.want)
+		}
 	}
 }

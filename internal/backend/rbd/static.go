@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -58,12 +59,16 @@ func (s *Store) StaticImage(handle string, attrs map[string]string) (string, err
 		return "", errdefs.InvalidArgument("volume %q: image name %q is not one Spindle can use (letters, digits, '.', '_', '-', at most 100)", handle, image)
 	}
 	cluster, pool := attrs[ParamClusterID], attrs[ParamPool]
+	known, err := s.c.knowsCluster(cluster)
+	if err != nil && clusterIDRe.MatchString(cluster) {
+		return "", err
+	}
 	switch {
 	case cluster == "":
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s is required (the cluster of the image)", handle, ParamClusterID)
 	case pool == "":
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s is required (the pool of the image)", handle, ParamPool)
-	case !clusterIDRe.MatchString(cluster) || !s.c.knowsCluster(cluster):
+	case !clusterIDRe.MatchString(cluster) || !known:
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s %q is neither rbd backend %s's own cluster nor in its cluster map%s", handle, ParamClusterID, cluster, s.key, mapName(s.cfg.ClusterMap))
 	case !poolRe.MatchString(pool):
 		return "", errdefs.InvalidArgument("volume %q: volumeAttributes.%s %q is not a pool name", handle, ParamPool, pool)
@@ -104,7 +109,7 @@ func (s *Store) StaticPublishContext(imageID string, attrs map[string]string) (m
 			return nil, err
 		}
 	}
-	mapOpts := s.cfg.MapOptions
+	mapOpts := s.defaultMapOptions(mounter)
 	if v, ok := attrs[ParamMapOptions]; ok {
 		mapOpts = optionsFor(v, mounter)
 	}
@@ -163,7 +168,14 @@ func (staticSource) Probe(context.Context) error { return nil }
 // not recorded as formatted: the node finds it (blkid) at the first stage
 // and records it then, so an image that was never formatted is formatted
 // once, as any new volume.
-func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Image, error) {
+//
+// The image must be one the volume's mounter maps: its features as they
+// are (an image of ceph-csi may have journaling, which krbd cannot map)
+// are checked as a StorageClass's imageFeatures are, before anything is
+// written. An image still open on a node is refused, but in a dry run:
+// that comes before kubectl spindle adopt scales down what uses it, so it
+// answers who has the image open.
+func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Adopted, error) {
 	r, err := s.volumeRef(spec.ImageID)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "adopt")
@@ -196,24 +208,31 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ima
 	if name, ok := meta[metaName]; ok {
 		switch {
 		case name == spec.Name && meta[metaVolume] != "":
-			return s.decode(id, info, meta) // adopted already
+			return adopted(s.decode(id, info, meta)) // adopted already
 		case name != spec.Name:
 			return nil, errdefs.Precondition("adopt %s: the image already is Spindle's %q", r.spec(), name)
 		}
 		// The name without the volume record: an adoption under this
 		// name that stopped between the two writes; it is done again.
 	}
-	w, err := s.watchers(ctx, r)
+	if err := checkFeatures(strings.Join(userFeatures(info.Features), ","), opts.mounter); err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "adopt %s: the image has features %s, and the StorageClass's mounter %s must map it", r.spec(), strings.Join(info.Features, ","), opts.mounter)
+	}
+	openBy, err := s.watchers(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	if len(w) > 0 {
-		return nil, errdefs.Precondition("adopt %s: the image is still open by %v (mapped on a node): stop what uses it first", r.spec(), w)
+	if len(openBy) > 0 && !spec.DryRun {
+		return nil, errdefs.Precondition("adopt %s: the image is still open by %v (mapped on a node, or open by another client): nothing was changed; stop what uses it, then adopt it", r.spec(), openBy)
 	}
 	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, CreatedAt: time.Now().UTC()}
 	meta = map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec)}
 	if spec.DryRun {
-		return s.decode(id, info, meta)
+		res, err := adopted(s.decode(id, info, meta))
+		if err == nil {
+			res.OpenBy = openBy
+		}
+		return res, err
 	}
 	if err := s.rememberLocation(ctx, r.location); err != nil {
 		return nil, err
@@ -228,7 +247,15 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ima
 		return nil, err
 	}
 	img, _, err := s.getImage(ctx, id)
-	return img, err
+	return adopted(img, err)
+}
+
+// adopted is the volume read back (or decoded) as Adopt's answer.
+func adopted(img *backend.Image, err error) (*backend.Adopted, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &backend.Adopted{Image: img}, nil
 }
 
 var _ backend.Adopter = (*Store)(nil)

@@ -52,6 +52,13 @@ func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
 	if err := s.dropOwnedSnapshots(ctx, r); err != nil {
 		return err
 	}
+	if !isSpindleImage(r.image) {
+		// A name of a volumeNamePrefix or snapshotNamePrefix, or an
+		// adopted image's: purgeTrash knows it is Spindle's only by this.
+		if err := s.registerTrashed(ctx, r.location, info.ID, r.image); err != nil {
+			return err
+		}
+	}
 	if _, err := s.on(r.location).rbd(ctx, "trash", "mv", r.spec()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return err
 	}
@@ -61,6 +68,13 @@ func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
 	// A clone made by an earlier version hung from a protected csi-clone-
 	// snapshot of its own on the source; it goes with the clone's data
 	// (dropLegacyCloneSnapshots).
+	if r.cluster != s.cfg.ClusterID {
+		// The background upkeep (Maintain) holds no credentials for a
+		// cluster of the map: a request that does tidies its location
+		// (images that waited in the trash for clones now gone). Best
+		// effort: the delete itself is done, and the next one retries.
+		_, _ = s.purgeTrash(ctx, r.location)
+	}
 	return nil
 }
 
@@ -193,6 +207,37 @@ func (s *Store) removeNow(ctx context.Context, r ref) error {
 	return nil
 }
 
+// trashedObject is the RADOS object, in each location, whose omap keys are
+// the IDs of the images Spindle moved to the trash under a name that is
+// not one of its own prefixes (a volumeNamePrefix, a snapshotNamePrefix,
+// an adopted image): a trash entry keeps only the name and the ID, and
+// another user's trashed image must never be purged.
+const trashedObject = "spindle.trashed"
+
+// registerTrashed records that the image id (named name) is Spindle's,
+// before it moves to the trash.
+func (s *Store) registerTrashed(ctx context.Context, l location, id, name string) error {
+	args := append(poolArgs(l), "setomapval", trashedObject, id, name)
+	if _, err := s.on(l).cli(ctx, "rados", args...); err != nil {
+		return fmt.Errorf("record %s (%s) as Spindle's before it goes to the trash: %w", l.ref(name).spec(), id, err)
+	}
+	return nil
+}
+
+// registeredTrashed lists the IDs registerTrashed recorded in l.
+func (s *Store) registeredTrashed(ctx context.Context, l location) (map[string]bool, error) {
+	out, err := s.on(l).cli(ctx, "rados", append(poolArgs(l), "listomapkeys", trashedObject)...)
+	// No such object: nothing was recorded (rados exits 1 whatever failed).
+	if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound && !strings.Contains(command.Stderr(err), "No such file or directory") {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	for _, id := range strings.Fields(string(out)) {
+		ids[id] = true
+	}
+	return ids, nil
+}
+
 // purgeTrash queues the removal of every trashed Spindle image of a
 // location that no clone hangs from any more, and drops the protected
 // csi-clone- snapshots that clones made by earlier versions left once
@@ -202,10 +247,16 @@ func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 	if err := s.on(l).rbdJSON(ctx, &entries, "trash", "ls", l.poolSpec()); err != nil {
 		return nil, err
 	}
+	registered, err := s.registeredTrashed(ctx, l)
+	if err != nil {
+		return nil, err
+	}
 	var changed []string
 	var errs []error
+	inTrash := map[string]bool{}
 	for _, e := range entries {
-		if !isSpindleImage(e.Name) {
+		inTrash[e.ID] = true
+		if !isSpindleImage(e.Name) && !registered[e.ID] {
 			continue
 		}
 		var snaps []rbdSnap
@@ -223,6 +274,15 @@ func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 			continue
 		}
 		changed = append(changed, "removing trashed image "+l.ref(e.Name).spec()+" ("+e.ID+")")
+	}
+	// The records of images that left the trash (removed) go too.
+	for id := range registered {
+		if inTrash[id] {
+			continue
+		}
+		if _, err := s.on(l).cli(ctx, "rados", append(poolArgs(l), "rmomapkey", trashedObject, id)...); err != nil {
+			errs = append(errs, fmt.Errorf("forget removed image %s in %s: %w", id, l, err))
+		}
 	}
 	dropped, err := s.dropLegacyCloneSnapshots(ctx, l)
 	return append(changed, dropped...), errors.Join(append(errs, err)...)
