@@ -56,7 +56,7 @@ test: deps lint helm csi-sanity build
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
 
 # The stock csi-sanity binary against RBD on a throw-away Ceph (long:
-# csi-sanity's 10 GiB volumes, each snapshot a full copy; docs/testing.md).
+# csi-sanity's 10 GiB volumes through rbd-fuse; docs/testing.md).
 sanity-stock-rbd: deps csi-sanity
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \
@@ -107,7 +107,10 @@ e2e-multinode: deps
 	hack/local-cluster/multinode.sh
 
 # The Kubernetes external storage suite (e2e.test) for each StorageClass in
-# e2e/storage; too long for CI (its run time is in docs/testing.md).
+# e2e/storage, and its pre-provisioned PV patterns for RBD (rbd-static:
+# spindle-storage.test, the Go testdriver in e2e/storage/rbdstatic); DRIVERS
+# picks runs (default: loop-ext4 loop-xfs loop-block rbd rbd-static iscsi);
+# too long for CI (its run time is in docs/testing.md).
 e2e-storage: deps
 	hack/local-cluster/e2e-storage.sh
 

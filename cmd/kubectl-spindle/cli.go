@@ -18,7 +18,7 @@ It uses the kubeconfig and flags as kubectl does, and reaches the driver's
 node plugins and controller through the API server's pod proxy: it needs
 "get" on pods/proxy in the driver's namespace, besides reading (get, list)
 PVs, PVCs, VolumeAttachments, Nodes, CSINodes, Pods and Events.
-It only reads.`
+It only reads, except adopt (see kubectl spindle adopt --help).`
 
 // errNoCommand: `kubectl spindle` alone prints the help and fails, as a
 // script that forgot the command should.
@@ -61,9 +61,9 @@ func newRootCommand(stdout, stderr io.Writer, makeClients func(options) (*client
 	// Every command takes these, as before the plugin had subcommands, so
 	// that scripts may give the same flags to each.
 	c.addReachFlags(flags)
-	flags.StringVar(&c.o.controllerURL, "controller-url", "", "doctor: the controller's metrics address (http://HOST:PORT), read directly instead of through the API server")
+	flags.StringVar(&c.o.controllerURL, "controller-url", "", "doctor and adopt: the controller's metrics address (http://HOST:PORT), reached directly instead of through the API server")
 	flags.DurationVar(&c.o.stuckAfter, "stuck-after", 5*time.Minute, "doctor: how old an attach or detach error, or an unfinished detach, must be to count as stuck")
-	root.AddCommand(c.volumesCommand(), c.describeCommand(), c.doctorCommand())
+	root.AddCommand(c.volumesCommand(), c.describeCommand(), c.doctorCommand(), c.adoptCommand())
 	return root
 }
 
@@ -141,6 +141,65 @@ path and the mount on each node, as that node's plugin reports them.`,
 			return c.report(d, func(w io.Writer) { printDescription(w, d, cl.now) }, exitOK)
 		},
 	}
+	return cmd
+}
+
+func (c *command) adoptCommand() *cobra.Command {
+	o := AdoptOptions{}
+	cmd := &cobra.Command{
+		Use:   "adopt pvc/NAME",
+		Short: "move a claim of ceph-csi's RBD driver onto Spindle in place, copying nothing",
+		Long: `adopt moves a bound claim (in the namespace, -n) whose PV belongs to ceph-csi's
+RBD driver (rbd.csi.ceph.com, rook-ceph.rbd.csi.ceph.com, ...) onto Spindle,
+copying no data: the Deployments, StatefulSets and ReplicaSets whose pods use
+it are scaled to zero, the PV is kept (reclaim policy Retain), the controller
+gives the image Spindle's records, a Spindle PV of the same image and a claim
+of the same name are bound, and the workloads are scaled back. The pods are
+down from the scale-down until they start again on the new claim.
+
+The claim gets --storage-class, a StorageClass of Spindle's (default: the one
+whose clusterID and pool are the PV's). --dry-run checks everything (the
+controller included) and prints every step without changing anything. An
+adoption that stopped part-way is finished by running adopt again.
+
+It needs, besides what the other commands read: patch on persistentvolumes,
+deployments, statefulsets and replicasets; create and delete on
+persistentvolumes and persistentvolumeclaims; get on the Secret the
+StorageClass names for the provisioner (or --secret); and create on
+pods/proxy in the driver's namespace.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return errors.New("adopt takes one claim: pvc/NAME")
+			}
+			return nil
+		},
+		ValidArgsFunction: func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.makeClients(c.o)
+			if err != nil {
+				return err
+			}
+			if cl.adopter == nil {
+				return errNoAdopter
+			}
+			o.Driver = c.o.driver
+			if c.o.output == "table" {
+				o.Log = c.stdout
+			}
+			a, err := Adopt(cmd.Context(), cl.kube, cl.namespace, args[0], cl.adopter, o)
+			if err != nil {
+				return err
+			}
+			return c.report(a, func(w io.Writer) { printAdoption(w, a) }, exitOK)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.StorageClass, "storage-class", "", "the Spindle StorageClass the claim gets (default: the one whose clusterID and pool are the PV's)")
+	f.StringVar(&o.Secret, "secret", "", "NAMESPACE/NAME of the Secret with the cephx credentials for the controller (default: the StorageClass's provisioner secret)")
+	f.BoolVar(&o.DryRun, "dry-run", false, "check everything and print every step; change nothing")
+	f.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "how long each wait may take (pods gone, claim deleted, claim bound)")
 	return cmd
 }
 

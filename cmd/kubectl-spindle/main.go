@@ -1,7 +1,8 @@
 // Command kubectl-spindle is the operators' view of Spindle volumes, as a
 // kubectl plugin (`kubectl spindle ...`): every PV of the driver with its
 // attachments (volumes), the whole chain from a claim to the device on the
-// node (describe), and what is stuck or leaked (doctor). It only reads.
+// node (describe), and what is stuck or leaked (doctor); these only read.
+// adopt moves a claim of ceph-csi's RBD driver onto Spindle in place.
 // It reaches the driver's node plugins and controller through the API
 // server's pod proxy, with the user's own credentials and kubectl's flags.
 package main
@@ -61,6 +62,7 @@ type clients struct {
 	namespace  string // the namespace -n or the kubeconfig context says
 	nodes      NodePlugins
 	controller Controller // nil: images are not checked
+	adopter    AdoptController
 	now        time.Time
 }
 
@@ -124,14 +126,16 @@ func realClients(o options) (*clients, error) {
 	pods := &podFinder{kube: kube, namespace: o.driverNamespace, selector: o.podSelector, driver: o.driver}
 	proxy := &podProxy{kube: kube, timeout: timeout}
 	httpClient := &http.Client{Timeout: timeout}
+	controller := &proxyController{pods: pods, proxy: proxy, port: o.controllerPort}
 	c := &clients{
 		kube: kube, namespace: ns, now: time.Now(),
 		nodes: &nodePlugins{client: httpClient, overrides: overridesByNode,
 			proxy: &proxyNodePlugins{pods: pods, proxy: proxy, port: o.nodePort}},
-		controller: &proxyController{pods: pods, proxy: proxy, port: o.controllerPort},
+		controller: controller, adopter: controller,
 	}
 	if o.controllerURL != "" {
 		c.controller = &httpController{client: httpClient, url: o.controllerURL}
+		c.adopter = &httpAdopter{client: &http.Client{}, url: o.controllerURL}
 	}
 	return c, nil
 }

@@ -324,21 +324,31 @@ func (p *proxyNodePlugins) NodeVolumes(ctx context.Context, node *corev1.Node) (
 	return &nv, nil
 }
 
-// proxyController reads a controller's /images through its pod's proxy.
+// proxyController reaches a controller's endpoints (/images, adopt)
+// through its pod's proxy.
 type proxyController struct {
 	pods  *podFinder
 	proxy *podProxy
 	port  int // --controller-port: the port when the pod declares none
 }
 
-func (p *proxyController) Images(ctx context.Context) (*opsapi.Images, error) {
+// pod is the controller's pod and the port of its endpoints.
+func (p *proxyController) pod(ctx context.Context) (*corev1.Pod, int, error) {
 	pod, err := p.pods.find(ctx, componentCtrl, "")
 	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
+		return nil, 0, fmt.Errorf("controller: %w", err)
 	}
 	port, err := endpointPort(pod, p.port)
 	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
+		return nil, 0, fmt.Errorf("controller: %w", err)
+	}
+	return pod, port, nil
+}
+
+func (p *proxyController) Images(ctx context.Context) (*opsapi.Images, error) {
+	pod, port, err := p.pod(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var imgs opsapi.Images
 	if err := p.proxy.getJSON(ctx, pod, port, opsapi.PathImages, &imgs); err != nil {

@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -74,6 +75,7 @@ func renderings() []struct {
 		{name: "rbd", files: ex("rbd.yaml"), want: with(func(w *want) {
 			w.poolDirs, w.secretNames = nil, []string{"spindle-ceph-a"}
 		})},
+		{name: "rook", files: ex("rook.yaml"), want: with(func(w *want) { w.poolDirs = nil })},
 		{name: "iscsi", files: ex("iscsi.yaml"), want: with(func(w *want) {
 			w.poolDirs, w.hostNetwork, w.secretNames = nil, true, []string{"spindle-iscsi-chap"}
 			w.iscsiPools = []string{"/var/lib/spindle/iscsi/tgt-a"}
@@ -709,6 +711,42 @@ func checkEveryContainer(t *testing.T, r *rendering, w want) {
 			if got != w.apiServer {
 				t.Errorf("container %s reaches the apiserver at %q, want %q", c.Name, got, w.apiServer)
 			}
+		}
+	}
+}
+
+// The Rook example mounts Rook's cluster map ConfigMap into the driver of
+// the controller and of every node as a directory: kubelet updates a
+// ConfigMap volume in place only without subPath, and the driver reads the
+// file on every call, so a monitor Rook moves is used without a restart.
+func TestRookClusterMapFollowsTheConfigMap(t *testing.T) {
+	helm(t)
+	r := mustTemplate(t, []string{filepath.Join(chartDir, "examples", "rook.yaml")})
+	specs := podSpecs(t, r)
+	if len(specs) < 2 {
+		t.Fatalf("workloads %v: want the controller and the node plugin", slices.Collect(maps.Keys(specs)))
+	}
+	for workload, spec := range specs {
+		d := container(t, spec, "spindle")
+		if d == nil {
+			continue
+		}
+		var mounted bool
+		for _, m := range d.VolumeMounts {
+			if m.MountPath != "/etc/ceph-csi-config" {
+				continue
+			}
+			mounted = true
+			if m.SubPath != "" {
+				t.Errorf("%s: the cluster map is mounted with subPath %q: kubelet would never update it", workload, m.SubPath)
+			}
+			i := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+			if i < 0 || spec.Volumes[i].ConfigMap == nil || spec.Volumes[i].ConfigMap.Name != "rook-ceph-csi-config" {
+				t.Errorf("%s: volume %s is not Rook's ConfigMap rook-ceph-csi-config", workload, m.Name)
+			}
+		}
+		if !mounted {
+			t.Errorf("%s: the driver has no mount at /etc/ceph-csi-config, where the config's clusterMap is", workload)
 		}
 	}
 }

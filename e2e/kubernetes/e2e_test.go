@@ -231,19 +231,56 @@ func TestExpandWhileInUse(t *testing.T) {
 
 var volumeSnapshots = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
 
+// writeFile starts pod on claim (of PV pv) writing dataSize bytes to
+// /data/file, waits for its checksum file and returns the checksum; the
+// pod keeps running.
+func (c *cluster) writeFile(t *testing.T, ns, pod, claim string, pv *corev1.PersistentVolume) string {
+	t.Helper()
+	c.Pod(t, ns, pod, claim, kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
+	writer := c.WaitPod(t, ns, pod, corev1.PodRunning)
+	var wrote string
+	c.WaitFor(t, "the checksum file of "+pod, func(context.Context) (bool, error) {
+		data, err := os.ReadFile(filepath.Join(c.podVolumeDir(writer, pv.Name), "file.sha256"))
+		wrote = strings.TrimSpace(string(data))
+		return err == nil && len(wrote) == 64, nil
+	})
+	return wrote
+}
+
+// snapshot takes VolumeSnapshot name of claim with class, waits until it
+// is ready to use, and deletes it when the test ends.
+func (c *cluster) snapshot(t *testing.T, ns, name, class, claim string) {
+	t.Helper()
+	snap := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{
+			"volumeSnapshotClassName": class,
+			"source":                  map[string]any{"persistentVolumeClaimName": claim},
+		},
+	}}
+	if _, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create VolumeSnapshot %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	c.WaitFor(t, "VolumeSnapshot "+name+" readyToUse", func(ctx context.Context) (bool, error) {
+		got, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ready, _, _ := unstructured.NestedBool(got.Object, "status", "readyToUse")
+		return ready, nil
+	})
+}
+
 // 6. A VolumeSnapshot restored into a new claim holds the same data.
 func TestSnapshotRestoresTheData(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "origin", kube.ClaimOptions{})
-	c.Pod(t, ns, "writer", "origin", kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
-	writer := c.WaitPod(t, ns, "writer", corev1.PodRunning)
-	var wrote string
-	c.WaitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
-		data, err := os.ReadFile(filepath.Join(c.podVolumeDir(writer, pv.Name), "file.sha256"))
-		wrote = strings.TrimSpace(string(data))
-		return err == nil && len(wrote) == 64, nil
-	})
+	wrote := c.writeFile(t, ns, "writer", "origin", pv)
 	// A pool without reflink copies an image only while no node has it
 	// attached; the snapshot is taken after the writer is gone.
 	c.DeletePod(t, ns, "writer")
@@ -252,28 +289,7 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 		return err == nil && len(vas) == 0, err
 	})
 
-	snap := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-		"metadata": map[string]any{"name": "snap", "namespace": ns},
-		"spec": map[string]any{
-			"volumeSnapshotClassName": "spindle",
-			"source":                  map[string]any{"persistentVolumeClaimName": "origin"},
-		},
-	}}
-	if _, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create VolumeSnapshot: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "snap", metav1.DeleteOptions{})
-	})
-	c.WaitFor(t, "VolumeSnapshot readyToUse", func(ctx context.Context) (bool, error) {
-		got, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Get(ctx, "snap", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		ready, _, _ := unstructured.NestedBool(got.Object, "status", "readyToUse")
-		return ready, nil
-	})
+	c.snapshot(t, ns, "snap", "spindle", "origin")
 
 	group := "snapshot.storage.k8s.io"
 	_, restored := c.Claim(t, ns, "restored", kube.ClaimOptions{DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})

@@ -24,6 +24,7 @@ ATTACHER=${ATTACHER:-v4.13.0}
 RESIZER=${RESIZER:-v2.3.0}
 SNAPSHOTTER=${SNAPSHOTTER:-v8.7.0}
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spindle/local-cluster}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 GOMODCACHE=$(go env GOMODCACHE)
@@ -99,18 +100,34 @@ etcd() {
   go build -ldflags '-s -w' -o "$BIN/etcd" go.etcd.io/etcd/server/v3
 }
 
-kubernetes() {
-  local dir=$SRC/kubernetes staging=v0.${K8S#v1.}
+# kubernetes_module DIR: DIR (emptied) becomes a module that requires
+# k8s.io/kubernetes@$K8S with each of its staging modules replaced by the
+# published v0.N.x of the same release; the caller is left in DIR.
+kubernetes_module() {
+  local dir=$1 staging=v0.${K8S#v1.}
   rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
   go mod download "k8s.io/kubernetes@$K8S"
   local upstream=$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$K8S.mod
   {
-    echo "module example.local/kubernetes"
+    echo "module example.local/$(basename "$dir")"
     echo "go $(awk '/^go /{print $2; exit}' "$upstream")"
     grep '^godebug default' "$upstream" || true
     echo "require k8s.io/kubernetes $K8S"
     grep -E '=> \./staging' "$upstream" | awk -v V="$staging" '{print "replace " $1 " => " $1 " " V}'
   } > go.mod
+}
+
+# The version stamped into Kubernetes' binaries (what `kubectl version`
+# and the e2e suite report).
+kubernetes_version_x() {
+  local minor
+  minor=$(echo "$K8S" | cut -d. -f2)
+  echo "-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1" \
+    "-X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+}
+
+kubernetes() {
+  kubernetes_module "$SRC/kubernetes"
   local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
   {
     printf '//go:build tools\n\npackage tools\n\nimport (\n'
@@ -119,11 +136,8 @@ kubernetes() {
     printf ')\n'
   } > tools.go
   go mod tidy
-  local minor
-  minor=$(echo "$K8S" | cut -d. -f2)
-  local x="-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1"
-  x+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-  x+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S"
+  local x
+  x="$(kubernetes_version_x) -X k8s.io/client-go/pkg/version.gitVersion=$K8S"
   go build -ldflags "-s -w $x" -o "$BIN/" "${cmds[@]/#/k8s.io/kubernetes/cmd/}"
 }
 
@@ -131,25 +145,25 @@ kubernetes() {
 # the test image's binary, from the same release; a scratch module of its
 # own with the same staging replaces as kubernetes() above.
 kubernetes_e2e() {
-  local dir=$SRC/kubernetes-e2e staging=v0.${K8S#v1.}
-  rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
-  go mod download "k8s.io/kubernetes@$K8S"
-  local upstream=$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$K8S.mod
-  {
-    echo "module example.local/kubernetes-e2e"
-    echo "go $(awk '/^go /{print $2; exit}' "$upstream")"
-    grep '^godebug default' "$upstream" || true
-    echo "require k8s.io/kubernetes $K8S"
-    grep -E '=> \./staging' "$upstream" | awk -v V="$staging" '{print "replace " $1 " => " $1 " " V}'
-  } > go.mod
+  kubernetes_module "$SRC/kubernetes-e2e"
   printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/test/e2e"\n\t_ "k8s.io/kubernetes/test/images/agnhost"\n)\n' > tools.go
   go mod tidy
-  local minor
-  minor=$(echo "$K8S" | cut -d. -f2)
-  local x="-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1"
-  x+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-  go test -c -ldflags "-s -w $x" -o "$BIN/e2e.test" k8s.io/kubernetes/test/e2e
+  go test -c -ldflags "-s -w $(kubernetes_version_x)" -o "$BIN/e2e.test" k8s.io/kubernetes/test/e2e
   go build -ldflags "-s -w" -o "$BIN/agnhost" k8s.io/kubernetes/test/images/agnhost
+}
+
+# Spindle's own Go testdriver for the same suite (e2e/storage/rbdstatic:
+# pre-provisioned RBD volumes, which the YAML testdrivers cannot make), as
+# spindle-storage.test: its files copied into a module like the one above,
+# where k8s.io/kubernetes/test/e2e can be imported (the spindle module
+# cannot require k8s.io/kubernetes; the directory's own go.mod keeps it
+# out of the spindle module). Rebuilt when its sources change.
+RBDSTATIC=$REPO/e2e/storage/rbdstatic
+spindle_storage_e2e() {
+  kubernetes_module "$SRC/spindle-storage-e2e"
+  mkdir rbdstatic && cp "$RBDSTATIC"/*.go rbdstatic/
+  go mod tidy
+  go test -c -ldflags "-s -w $(kubernetes_version_x)" -o "$BIN/spindle-storage.test" ./rbdstatic
 }
 
 # sidecar MODULE VERSION PKG...
@@ -186,6 +200,7 @@ step csi-snapshotter "$SNAPSHOTTER" snapshotter
 # Only `make e2e-storage` needs the e2e suite (E2E_SUITE=1).
 if [ "${E2E_SUITE:-0}" = 1 ]; then
   step kubernetes-e2e "$K8S" kubernetes_e2e
+  step spindle-storage-e2e "$K8S-$(cat "$RBDSTATIC"/*.go | sha256sum | cut -c1-12)" spindle_storage_e2e
   # The ginkgo CLI runs e2e.test's specs in parallel processes.
   step ginkgo "$GINKGO" env GOBIN="$BIN" go install "github.com/onsi/ginkgo/v2/ginkgo@$GINKGO"
 fi

@@ -2,8 +2,11 @@
 # `make e2e-storage`: the Kubernetes external storage suite (e2e.test from
 # k8s.io/kubernetes, -ginkgo.focus='External.Storage') against Spindle on the
 # local cluster, one run per testdriver in e2e/storage/testdrivers (one per
-# StorageClass: loop ext4, loop xfs, loop block, rbd, iscsi), each ending
-# with ginkgo's own summary (`Ran N of M Specs ... X Passed | Y Failed`).
+# StorageClass: loop ext4, loop xfs, loop block, rbd, iscsi), and rbd-static:
+# the pre-provisioned PV patterns, which need Spindle's own Go testdriver
+# (e2e/storage/rbdstatic, run as spindle-storage.test: it makes the RBD
+# images the PVs name). Each run ends with ginkgo's own summary
+# (`Ran N of M Specs ... X Passed | Y Failed`).
 #
 # The cluster runs the driver as a host process (DEPLOY=process) with a
 # backend configuration holding every backend: the loop pool on an xfs of
@@ -13,7 +16,7 @@
 # reflink xfs as well), both on 127.0.0.1 and under $STATE, outside the
 # cluster's directory.
 #
-#   DRIVERS   which testdrivers (default: all five)
+#   DRIVERS   which testdrivers (default: all six)
 #   PROCS     ginkgo's parallel processes (default 3; the specs mostly wait)
 #   SKIP      a ginkgo regexp of specs not to run (default: see below)
 #   STATE     Ceph, tgtd, the iSCSI pool and the reports (default
@@ -26,7 +29,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/env.sh"
 export CLUSTER_DIR
 cd "$REPO" || exit 1
-DRIVERS=${DRIVERS:-loop-ext4 loop-xfs loop-block rbd iscsi}
+DRIVERS=${DRIVERS:-loop-ext4 loop-xfs loop-block rbd rbd-static iscsi}
 PROCS=${PROCS:-3}
 STATE=${STATE:-/var/tmp/spindle-e2e-storage}
 # Not run: [Disruptive] specs restart kubelet or reboot nodes over SSH, and
@@ -39,6 +42,19 @@ STATE=${STATE:-/var/tmp/spindle-e2e-storage}
 SKIP=${SKIP:-'\[Disruptive\]|\[Feature:Windows\]|\[Feature:SELinux\]|should provision storage with any volume data source|should not mount / map unused volumes in a pod'}
 phase() { echo "e2e-storage: $1 took $(($2))s"; }
 wants() { [[ " $DRIVERS " == *" $1 "* ]]; }
+wants_ceph() { wants rbd || wants rbd-static; }
+# The rbd backend's cluster and pool (the pre-provisioned PVs name them).
+RBD_CLUSTER=e2e RBD_POOL=spindle-e2e
+rbd_cli() { rbd --conf "$STATE/ceph/ceph.conf" "$@"; }
+# static_images_left: the images of pre-provisioned PVs (rbdstatic names
+# them e2e-static-*) still in the pool or its trash; fails when it cannot
+# tell.
+static_images_left() {
+  local images trash
+  images=$(rbd_cli ls "$RBD_POOL") && trash=$(rbd_cli trash ls "$RBD_POOL") || return 1
+  printf '%s\n%s\n' "$images" "$trash" | grep 'e2e-static-'
+  return 0
+}
 
 t=$SECONDS
 "$REPO/hack/install-deps.sh" || exit 1
@@ -79,8 +95,8 @@ backends:
     loop:
       poolDir: "$POOL_DIR"
 YAML
-if wants rbd; then
-  MON_PORT=3390 MON_V1_PORT=6799 "$REPO/hack/ceph-up.sh" "$STATE/ceph" spindle-e2e >"$STATE/ceph-up.log" 2>&1 ||
+if wants_ceph; then
+  MON_PORT=3390 MON_V1_PORT=6799 "$REPO/hack/ceph-up.sh" "$STATE/ceph" "$RBD_POOL" >"$STATE/ceph-up.log" 2>&1 ||
     { echo "e2e-storage: Ceph did not start:"; tail -5 "$STATE/ceph-up.log"; exit 1; }
   key=$(ceph-authtool -p -n client.admin "$STATE/ceph/ceph.client.admin.keyring")
   (umask 077 && printf '%s' "$key" >"$STATE/ceph/admin.key")
@@ -88,9 +104,9 @@ if wants rbd; then
   - type: rbd
     name: ceph
     rbd:
-      clusterID: e2e
+      clusterID: $RBD_CLUSTER
       monitors: ["127.0.0.1:3390"]
-      pool: spindle-e2e
+      pool: $RBD_POOL
       userID: admin
       keyFile: "$STATE/ceph/admin.key"
       mounter: rbd-fuse
@@ -128,7 +144,7 @@ if ! POOL_FS=xfs SPINDLE_CONFIG=$config DEPLOY=process "$HERE/up.sh"; then
   exit 1
 fi
 for img in "$STATE"/images/*.tar; do ctr -n k8s.io images import "$img" >/dev/null || exit 1; done
-if wants rbd; then
+if wants_ceph; then
   kubectl -n kube-system create secret generic spindle-e2e-rbd --from-literal=userID=admin \
     --from-file=userKey="$STATE/ceph/admin.key" >/dev/null || exit 1
 fi
@@ -138,24 +154,50 @@ phase up $((SECONDS - t))
 failed_runs=0
 summary=()
 for d in $DRIVERS; do
-  src=$REPO/e2e/storage/testdrivers/$d.yaml
-  [ -f "$src" ] || { echo "e2e-storage: no testdriver $src"; failed_runs=$((failed_runs + 1)); continue; }
-  sed "s#FromFile: classes/#FromFile: $REPO/e2e/storage/classes/#" "$src" >"$STATE/testdrivers/$d.yaml"
   focus='External.Storage'
   skip=$SKIP
-  # loop-ext4, the default class, runs every pattern it serves; the xfs
-  # and block classes run only their own patterns (with online expansion,
-  # which ext4 cannot do here).
-  case $d in
-  loop-block) focus='External.Storage.*\(block volmode\)' ;;
-  loop-xfs) focus='External.Storage.*\(xfs\)' ;;
-  esac
+  if [ "$d" = rbd-static ]; then
+    # Pre-provisioned PVs in ceph-csi's static form, naming images the
+    # driver makes (and removes) with the rbd CLI in the Ceph above, with
+    # the rbd class's node-stage secret.
+    suite=$BIN/spindle-storage.test
+    args=(--spindle.ceph-conf="$STATE/ceph/ceph.conf" --spindle.rbd-cluster-id="$RBD_CLUSTER"
+      --spindle.rbd-pool="$RBD_POOL" --spindle.node-stage-secret-name=spindle-e2e-rbd)
+    focus='External.Storage.*Pre-provisioned PV'
+  else
+    src=$REPO/e2e/storage/testdrivers/$d.yaml
+    [ -f "$src" ] || { echo "e2e-storage: no testdriver $src"; failed_runs=$((failed_runs + 1)); continue; }
+    sed "s#FromFile: classes/#FromFile: $REPO/e2e/storage/classes/#" "$src" >"$STATE/testdrivers/$d.yaml"
+    suite=$BIN/e2e.test
+    args=(--storage.testdriver="$STATE/testdrivers/$d.yaml")
+    # loop-ext4, the default class, runs every pattern it serves; the xfs
+    # and block classes run only their own patterns (with online
+    # expansion, which ext4 cannot do here).
+    case $d in
+    loop-block) focus='External.Storage.*\(block volmode\)' ;;
+    loop-xfs) focus='External.Storage.*\(xfs\)' ;;
+    esac
+  fi
   t=$SECONDS
   log=$STATE/reports/$d.log
   "$BIN/ginkgo" -p --procs="$PROCS" --focus="$focus" --skip="$skip" --timeout=3h --no-color \
-    --output-dir="$STATE/reports" --junit-report="$d.xml" "$BIN/e2e.test" -- \
-    --kubeconfig="$KUBECONFIG" --storage.testdriver="$STATE/testdrivers/$d.yaml" >"$log" 2>&1
+    --output-dir="$STATE/reports" --junit-report="$d.xml" "$suite" -- \
+    --kubeconfig="$KUBECONFIG" "${args[@]}" >"$log" 2>&1
   rc=$?
+  if [ "$d" = rbd-static ]; then
+    # Every image the run made must be gone (the driver checks each one;
+    # this also catches a test that stopped before its cleanup).
+    if ! left=$(static_images_left); then
+      echo "e2e-storage (rbd-static): cannot list pool $RBD_POOL"
+      rc=1
+    elif [ -n "$left" ]; then
+      echo "e2e-storage (rbd-static): images left in pool $RBD_POOL:"
+      sed 's/^/  /' <<<"$left"
+      rc=1
+    else
+      echo "e2e-storage (rbd-static): pool $RBD_POOL (and its trash) holds no e2e-static-* image"
+    fi
+  fi
   ran=$(grep -E '^Ran [0-9]+ of [0-9]+ Specs' "$log" | tail -1)
   result=$(grep -E '(SUCCESS|FAIL)! -- ' "$log" | tail -1)
   line="e2e-storage ($d): ${ran:-no summary} -- ${result:-see $log}"

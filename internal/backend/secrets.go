@@ -50,6 +50,23 @@ func WithSecrets(ctx context.Context, secrets map[string]string) context.Context
 	return context.WithValue(ctx, secretsKey{}, Secrets(maps.Clone(secrets)))
 }
 
+type secretsRequiredKey struct{}
+
+// WithSecretsOnly returns ctx carrying a copy of secrets, marked so that
+// the backend reaches its storage with those credentials only, never with
+// an identity of its own configuration: for requests that come through an
+// endpoint with no authentication of its own (adopt), the secrets are the
+// caller's proof that it may act on the storage.
+func WithSecretsOnly(ctx context.Context, secrets map[string]string) context.Context {
+	return context.WithValue(WithSecrets(ctx, secrets), secretsRequiredKey{}, true)
+}
+
+// SecretsOnly reports whether ctx came from WithSecretsOnly.
+func SecretsOnly(ctx context.Context) bool {
+	only, _ := ctx.Value(secretsRequiredKey{}).(bool)
+	return only
+}
+
 // SecretsFrom returns the request's secrets; nil when it has none.
 func SecretsFrom(ctx context.Context) Secrets {
 	s, _ := ctx.Value(secretsKey{}).(Secrets)

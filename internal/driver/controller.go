@@ -64,6 +64,9 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 	if err != nil {
 		return nil, err
 	}
+	if caps, err = withFsType(caps, params.fsType); err != nil {
+		return nil, err
+	}
 	inst := s.d.instances[params.instance]
 	for i, c := range caps {
 		if err := inst.Exporter.SupportsAccess(c.accessType, c.mode); err != nil {
@@ -97,6 +100,24 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 	return &csi.CreateVolumeResponse{Volume: vol}, nil
+}
+
+// withFsType gives mount capabilities that name no filesystem the one of
+// parameters csi.storage.k8s.io/fstype; one that names another is refused.
+func withFsType(caps []capability, fsType string) ([]capability, error) {
+	if fsType == "" {
+		return caps, nil
+	}
+	for i := range caps {
+		switch {
+		case caps[i].accessType != backend.AccessMount:
+		case caps[i].fsType == "":
+			caps[i].fsType = fsType
+		case caps[i].fsType != fsType:
+			return nil, errdefs.InvalidArgument("volume_capabilities[%d].mount.fs_type %q and parameters.%s %q disagree", i, caps[i].fsType, paramFsType, fsType)
+		}
+	}
+	return caps, nil
 }
 
 // volumeSpec is what the store is asked for: the first capability's
@@ -268,6 +289,9 @@ func (s *controllerService) ControllerPublishVolume(ctx context.Context, req *cs
 		return nil, err
 	}
 	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if errdefs.KindOf(err) == errdefs.ErrNotFound && isStatic(req.GetVolumeContext()) {
+		return s.publishStatic(req, c)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -299,6 +323,28 @@ func (s *controllerService) ControllerPublishVolume(ctx context.Context, req *cs
 	})
 	if err != nil {
 		return nil, err
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+}
+
+// publishStatic publishes a pre-provisioned volume (static.go): the node
+// is told where the image is; nothing is granted or recorded, so the
+// volume's exclusive use rests on the attach-detach controller and on the
+// node's check of the image's watchers before a read-write map.
+func (s *controllerService) publishStatic(req *csi.ControllerPublishVolumeRequest, c capability) (*csi.ControllerPublishVolumeResponse, error) {
+	inst, sv, image, err := s.d.staticInstance("volume_id", req.GetVolumeId(), req.GetVolumeContext())
+	if err != nil {
+		return nil, err
+	}
+	if err := inst.Exporter.SupportsAccess(c.accessType, c.mode); err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_capability")
+	}
+	pc, err := sv.StaticPublishContext(image, req.GetVolumeContext())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
+	}
+	if req.GetReadonly() || c.mode.ReadOnly() {
+		pc[backend.ContextReadOnly] = "true"
 	}
 	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
 }

@@ -77,16 +77,12 @@ func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandV
 			return nil, err
 		}
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	vol, release, err := s.d.lockNodeVolume(id)
+	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	size, err := s.d.node.Expand(ctx, vol, path, staging, req.GetCapacityRange().GetRequiredBytes())
+	size, err := s.d.node.Expand(ctx, t.vol, path, staging, req.GetCapacityRange().GetRequiredBytes())
 	if err != nil {
 		return nil, err
 	}

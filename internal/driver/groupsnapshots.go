@@ -206,7 +206,7 @@ func (s *groupControllerService) DeleteVolumeGroupSnapshot(ctx context.Context, 
 	case errdefs.KindOf(err) == errdefs.ErrNotFound:
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 	default:
-		return nil, err
+		return nil, err // an error of no kind too: not "absent"
 	}
 	if err := groups.DeleteGroupSnapshot(ctx, id.Image); err != nil {
 		return nil, err

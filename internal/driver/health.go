@@ -125,15 +125,11 @@ func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetV
 			return nil, err
 		}
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	t, err := s.d.resolveNodeVolume("volume_id", req.GetVolumeId(), nil)
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	found, err := s.d.node.Health(ctx, s.d.volume(id, inst), staging, publish)
+	found, err := s.d.node.Health(ctx, t.vol, staging, publish)
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +141,6 @@ func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetV
 		}
 		problems = append(problems, healthProblem{status, p.Reason, p.Message})
 	}
-	problems = append(problems, imageProblems(ctx, inst.Attacher, id.Image)...)
-	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: volumeHealth(id.String(), problems)}, nil
+	problems = append(problems, imageProblems(ctx, t.vol.Attacher, t.vol.Image)...)
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: volumeHealth(t.id, problems)}, nil
 }

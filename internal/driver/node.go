@@ -95,13 +95,19 @@ func (d *Driver) volume(id volumeid.ID, inst *backend.Instance) node.Volume {
 	return node.Volume{ID: id.String(), Image: id.Image, Attacher: inst.Attacher}
 }
 
-// lockNodeVolume takes the node lock of a volume and returns its handle.
-func (d *Driver) lockNodeVolume(id volumeid.ID) (node.Volume, func(), error) {
-	inst, release, err := d.lockVolume("node", id)
+// lockNodeVolume resolves a node request's volume_id (a Spindle volume ID
+// or a pre-provisioned volume's handle, static.go), takes its node lock and
+// returns its handle.
+func (d *Driver) lockNodeVolume(raw string, attrs map[string]string) (nodeTarget, func(), error) {
+	t, err := d.resolveNodeVolume("volume_id", raw, attrs)
 	if err != nil {
-		return node.Volume{}, nil, err
+		return nodeTarget{}, nil, err
 	}
-	return d.volume(id, inst), release, nil
+	release, err := d.lockNode(t)
+	if err != nil {
+		return nodeTarget{}, nil, err
+	}
+	return t, release, nil
 }
 
 func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
@@ -116,8 +122,7 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, err
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
+	if _, err := lookupVolumeID("volume_id", req.GetVolumeId()); err != nil && !isStatic(req.GetVolumeContext()) {
 		return nil, err
 	}
 	readOnly, err := parseReadOnly(req.GetPublishContext())
@@ -128,13 +133,20 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
 	}
-	vol, release, err := s.d.lockNodeVolume(id)
+	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	if t.static != nil {
+		// Recorded first: whatever this stage leaves, the unstage that
+		// follows finds the image.
+		if err := s.d.writeStaticRecord(t.static); err != nil {
+			return nil, err
+		}
+	}
 	err = s.d.node.Stage(ctx, node.StageRequest{
-		Volume: vol, StagingPath: staging, Access: c.accessType, Mode: c.mode, FsType: c.fsType, MountFlags: c.mountFlags,
+		Volume: t.vol, StagingPath: staging, Access: c.accessType, Mode: c.mode, FsType: c.fsType, MountFlags: c.mountFlags,
 		ReadOnly: readOnly, MkfsOptions: mkfsOptions, PublishContext: req.GetPublishContext(),
 	})
 	if err != nil {
@@ -151,17 +163,18 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 	if err != nil {
 		return nil, err
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	vol, release, err := s.d.lockNodeVolume(id)
+	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	if err := s.d.node.Unstage(ctx, vol, staging); err != nil {
+	if err := s.d.node.Unstage(ctx, t.vol, staging); err != nil {
 		return nil, err
+	}
+	if t.static != nil {
+		if err := s.d.removeStaticRecord(t.id); err != nil {
+			return nil, err
+		}
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
@@ -183,17 +196,13 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	if err != nil {
 		return nil, err
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	vol, release, err := s.d.lockNodeVolume(id)
+	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	err = s.d.node.Publish(ctx, node.PublishRequest{
-		Volume: vol, StagingPath: staging, TargetPath: target, Access: c.accessType, Mode: c.mode,
+		Volume: t.vol, StagingPath: staging, TargetPath: target, Access: c.accessType, Mode: c.mode,
 		ReadOnly: req.GetReadonly(), PublishContext: req.GetPublishContext(),
 	})
 	if err != nil {
@@ -210,16 +219,12 @@ func (s *nodeService) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpu
 	if err != nil {
 		return nil, err
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	vol, release, err := s.d.lockNodeVolume(id)
+	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	if err := s.d.node.Unpublish(ctx, vol, target); err != nil {
+	if err := s.d.node.Unpublish(ctx, t.vol, target); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
@@ -233,15 +238,11 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 	if err != nil {
 		return nil, err
 	}
-	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	t, err := s.d.resolveNodeVolume("volume_id", req.GetVolumeId(), nil)
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	st, err := s.d.node.Stats(ctx, s.d.volume(id, inst), path)
+	st, err := s.d.node.Stats(ctx, t.vol, path)
 	if err != nil {
 		return nil, err
 	}

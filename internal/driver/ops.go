@@ -45,6 +45,7 @@ func (d *Driver) OpsHandler() http.Handler {
 		})
 	}
 	if d.opts.Mode.Controller() {
+		mux.HandleFunc("POST "+opsapi.PathAdopt, d.serveAdopt) // adopt.go
 		mux.HandleFunc("GET "+opsapi.PathImages, func(w http.ResponseWriter, r *http.Request) {
 			ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
 			defer cancel()

@@ -56,11 +56,9 @@ func (s *controllerService) CreateSnapshot(ctx context.Context, req *csi.CreateS
 	if err != nil {
 		return nil, err
 	}
-	for k := range req.GetParameters() {
-		// The external-snapshotter adds its own keys; Spindle has none.
-		if !isProvisionerKey(k) {
-			return nil, errdefs.InvalidArgument("parameters: unknown key %q (Spindle takes no snapshot parameters)", k)
-		}
+	params, err := snapshotParameters(inst, source.Image, req.GetParameters())
+	if err != nil {
+		return nil, err
 	}
 	if err := s.d.checkAccessibility(inst, req.GetAccessibilityRequirements(), "accessibility_requirements"); err != nil {
 		return nil, err
@@ -70,7 +68,7 @@ func (s *controllerService) CreateSnapshot(ctx context.Context, req *csi.CreateS
 		return nil, err
 	}
 	defer release()
-	snap, err := snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: req.GetName(), SourceImageID: source.Image})
+	snap, err := snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: req.GetName(), SourceImageID: source.Image, Parameters: params})
 	if err != nil {
 		return nil, err
 	}

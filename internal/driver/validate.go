@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"maps"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -184,25 +185,39 @@ func parseCapabilities(field string, caps []*csi.VolumeCapability) ([]capability
 	return out, nil
 }
 
-// StorageClass parameters Spindle understands.
+// StorageClass parameters Spindle understands itself, whatever the
+// backend; a backend takes more of its own (backend.Parameters: the rbd
+// backend takes ceph-csi's).
 const (
-	paramBackend     = "backend"     // "<type>/<instance>"; the default instance when absent
-	paramMkfsOptions = "mkfsOptions" // extra mkfs arguments, whitespace-separated
-	// Keys with this prefix are added by the external-provisioner
-	// (--extra-create-metadata: PVC name, namespace, PV name); they are
-	// informational and never change what is created.
-	provisionerPrefix = "csi.storage.k8s.io/"
+	paramBackend     = backend.ParamBackend     // "<type>/<instance>"; the default instance when absent
+	paramMkfsOptions = backend.ParamMkfsOptions // extra mkfs arguments, whitespace-separated
+	// Keys with this prefix are added or read by the sidecars
+	// (--extra-create-metadata: PVC name, namespace, PV name; the
+	// secrets' names); they never change what is created, but for fstype.
+	provisionerPrefix = backend.ProvisionerPrefix
+	// paramFsType is the external-provisioner's: it takes it from the
+	// StorageClass into the volume capability, so it reaches CreateVolume
+	// only from a caller that is not the sidecar; it then means the same.
+	paramFsType = provisionerPrefix + "fstype"
 )
 
 // volumeParameters is the validated parameter map of a CreateVolume.
 type volumeParameters struct {
 	instance    string            // backend instance key
 	mkfsOptions []string          // parsed mkfsOptions
+	fsType      string            // csi.storage.k8s.io/fstype, "" when absent
 	shaping     map[string]string // the parameters that shape the volume, kept in its metadata
 }
 
+// parseParameters validates a CreateVolume's parameters and picks its
+// backend instance: the one "backend" names, else the one whose store
+// claims the parameters (a ceph-csi clusterID it serves), else the
+// default. Keys the driver does not take go to the instance's store
+// (backend.Parameters), which refuses those it does not take either, and
+// are kept with the volume.
 func (d *Driver) parseParameters(params map[string]string) (volumeParameters, error) {
 	vp := volumeParameters{instance: d.defaultInstance, shaping: map[string]string{}}
+	backendKeys := map[string]string{}
 	for k, v := range params {
 		switch {
 		case k == paramBackend:
@@ -219,12 +234,84 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 				vp.mkfsOptions = opts
 				vp.shaping[k] = strings.Join(opts, " ")
 			}
+		case k == paramFsType:
+			if v != "" {
+				if _, err := node.LookupFilesystem(v); err != nil {
+					return volumeParameters{}, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "parameters.%s", k)
+				}
+			}
+			vp.fsType = v
 		case isProvisionerKey(k):
 		default:
-			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s)", k, paramBackend, paramMkfsOptions)
+			backendKeys[k] = v
 		}
 	}
+	if _, named := params[paramBackend]; !named {
+		inst, err := d.claimingInstance(params)
+		if err != nil {
+			return volumeParameters{}, err
+		}
+		if inst != "" {
+			vp.instance = inst
+		}
+	}
+	if len(backendKeys) == 0 {
+		return vp, nil
+	}
+	p, ok := d.instances[vp.instance].Store.(backend.Parameters)
+	if !ok {
+		for k := range backendKeys {
+			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s; backend %s takes no parameters of its own)", k, paramBackend, paramMkfsOptions, vp.instance)
+		}
+	}
+	if err := p.CheckVolumeParameters(backendKeys); err != nil {
+		return volumeParameters{}, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "backend %s", vp.instance)
+	}
+	maps.Copy(vp.shaping, backendKeys)
 	return vp, nil
+}
+
+// claimingInstance is the instance whose store claims parameters that
+// name no backend, "" when none does; two that do is ambiguous.
+func (d *Driver) claimingInstance(params map[string]string) (string, error) {
+	var claimed []string
+	for _, key := range d.instanceKeys() {
+		if p, ok := d.instances[key].Store.(backend.Parameters); ok && p.Claims(params) {
+			claimed = append(claimed, key)
+		}
+	}
+	switch len(claimed) {
+	case 0:
+		return "", nil
+	case 1:
+		return claimed[0], nil
+	}
+	return "", errdefs.InvalidArgument("parameters fit backends %s: name one with parameters.%s", strings.Join(claimed, " and "), paramBackend)
+}
+
+// snapshotParameters validates a CreateSnapshot's parameters for a source
+// volume of inst and returns those its store takes. The sidecar's keys are
+// left out; a backend that takes no parameters refuses any other.
+func snapshotParameters(inst *backend.Instance, sourceImage string, params map[string]string) (map[string]string, error) {
+	own := map[string]string{}
+	for k, v := range params {
+		if !isProvisionerKey(k) {
+			own[k] = v
+		}
+	}
+	if len(own) == 0 {
+		return nil, nil
+	}
+	p, ok := inst.Store.(backend.Parameters)
+	if !ok {
+		for k := range own {
+			return nil, errdefs.InvalidArgument("parameters: unknown key %q (backend %s takes no snapshot parameters)", k, inst.Key())
+		}
+	}
+	if err := p.CheckSnapshotParameters(sourceImage, own); err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "backend %s", inst.Key())
+	}
+	return own, nil
 }
 
 // maxMkfsOptions bounds mkfsOptions: they become mkfs's command line.

@@ -87,6 +87,13 @@ type Fixture struct {
 	// skips that check.
 	Artifacts func(ctx context.Context) ([]string, error)
 
+	// ExtraParameter is one StorageClass parameter the backend takes
+	// besides mkfsOptions (one key), for the check that a repeated Create
+	// with it added is ALREADY_EXISTS. Nil: {"mountOptions": "noatime"},
+	// for stores that keep any key they are given; a store that validates
+	// its keys (rbd) would refuse that one as unknown first.
+	ExtraParameter map[string]string
+
 	// MutableParameters are mutable parameters the backend accepts
 	// (ImageStore.Modify, VolumeSpec.MutableParameters). Nil skips the
 	// checks that need a valid set; unknown keys are checked either way.
@@ -459,6 +466,10 @@ func testCreate(t *testing.T, newFixture Factory) {
 
 func testCreateRepeat(t *testing.T, newFixture Factory) {
 	h := newHarness(t, newFixture, Options{})
+	extra := h.f.ExtraParameter
+	if len(extra) == 0 {
+		extra = map[string]string{"mountOptions": "noatime"}
+	}
 	tests := []struct {
 		name   string
 		change func(*backend.VolumeSpec)
@@ -478,7 +489,7 @@ func testCreateRepeat(t *testing.T, newFixture Factory) {
 		{"other fs type", func(s *backend.VolumeSpec) { s.FsType = "xfs" }, errdefs.ErrAlreadyExists},
 		{"other access type", func(s *backend.VolumeSpec) { s.AccessType, s.FsType = backend.AccessBlock, "" }, errdefs.ErrAlreadyExists},
 		{"other parameter value", func(s *backend.VolumeSpec) { s.Parameters = map[string]string{"mkfsOptions": "-m 5"} }, errdefs.ErrAlreadyExists},
-		{"extra parameter", func(s *backend.VolumeSpec) { s.Parameters["mountOptions"] = "noatime" }, errdefs.ErrAlreadyExists},
+		{"extra parameter", func(s *backend.VolumeSpec) { maps.Copy(s.Parameters, extra) }, errdefs.ErrAlreadyExists},
 		{"no parameters", func(s *backend.VolumeSpec) { s.Parameters = nil }, errdefs.ErrAlreadyExists},
 	}
 	for i, tt := range tests {

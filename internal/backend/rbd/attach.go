@@ -2,49 +2,80 @@ package rbd
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-// mapper turns an image of the instance's pool into a block device on this
-// node and back: krbd, rbd-nbd or rbd-fuse + loop.
+// mapper turns an image into a block device on this node and back: krbd,
+// rbd-nbd or rbd-fuse + loop. A node holds one of each kind; a volume is
+// mapped with the one its parameters name (ceph-csi's mounter), else the
+// instance's.
 type mapper interface {
-	// Map maps the image and returns the device path.
-	Map(ctx context.Context, image string, readOnly bool, options string) (string, error)
-	// Unmap releases dev, a device of image; one that is not mapped is done.
-	Unmap(ctx context.Context, image, dev string) error
-	// Mapped lists the image's devices on this node.
-	Mapped(ctx context.Context, image string) ([]mapped, error)
-	// Identify says which image of the instance's pool dev is mapped to:
-	// ErrNotFound when it is not such a device.
+	// Map maps the image with the given map options and returns the
+	// device path.
+	Map(ctx context.Context, r ref, readOnly bool, options string) (string, error)
+	// Unmap releases dev, a device of r, with the given unmap options;
+	// one that is not mapped is done.
+	Unmap(ctx context.Context, r ref, dev, options string) error
+	// Mapped lists r's devices on this node.
+	Mapped(ctx context.Context, r ref) ([]mapped, error)
+	// Identify says which image dev is mapped to: ErrNotFound when it is
+	// not such a device.
 	Identify(ctx context.Context, dev string) (*mapped, error)
 	// Refresh makes dev see its image's current size and returns it.
 	Refresh(ctx context.Context, dev string) (int64, error)
 	// Available reports whether this node can map images this way.
 	Available(ctx context.Context) error
+	// Makes reports whether dev is the kind of device this mapper makes
+	// (/dev/rbdN, /dev/nbdN, /dev/loopN).
+	Makes(dev string) bool
 }
 
-// mapped is one device of an image.
+// mapped is one device of an image. The kernel says which pool, namespace
+// and image a device is of, not which cluster.
 type mapped struct {
-	Device   string
-	Image    string
-	ReadOnly bool
+	Device    string
+	Pool      string
+	Namespace string
+	Image     string
+	ReadOnly  bool
+}
+
+// of reports whether the device is of image r.
+func (m *mapped) of(r ref) bool {
+	return m.Pool == r.pool && m.Namespace == r.namespace && m.Image == r.image
+}
+
+// spec is the device's image spec, for messages.
+func (m *mapped) spec() string {
+	return location{pool: m.Pool, namespace: m.Namespace}.ref(m.Image).spec()
 }
 
 // source is the store as the node reads it.
 type source struct{ *Store }
 
-// CheckAttach: the controller's pool and image must be this node's.
+// CheckAttach: the controller's cluster, pool, namespace and image must be
+// those of the volume ID.
 func (s source) CheckAttach(_ context.Context, img *backend.Image, req backend.AttachRequest) error {
-	image, err := s.imageOf(img.ID, volumePrefix, "volume")
+	r, err := s.volumeRef(img.ID)
 	if err != nil {
 		return err
 	}
-	for key, want := range map[string]string{ContextPool: s.cfg.Pool, ContextImage: image} {
-		if got, ok := req.PublishContext[key]; ok && got != want {
-			return errdefs.Precondition("the controller published %s=%q but this node's config gives %q: controller and node configurations disagree", key, got, want)
+	return checkContext(r, req.PublishContext)
+}
+
+// checkContext refuses a publish_context that names another image than r.
+func checkContext(r ref, pc map[string]string) error {
+	for key, want := range map[string]string{ContextClusterID: r.cluster, ContextPool: r.pool, ContextNamespace: r.namespace, ContextImage: r.image} {
+		if got, ok := pc[key]; ok && got != want {
+			return errdefs.Precondition("the controller published %s=%q but the volume ID gives %q: controller and node disagree about the volume", key, got, want)
 		}
 	}
 	return nil
@@ -57,11 +88,11 @@ func (source) Probe(context.Context) error { return nil }
 
 // RecordFormatted notes the filesystem in spindle.formatted.
 func (s *Store) RecordFormatted(ctx context.Context, imageID, fsType string) error {
-	image, err := s.imageOf(imageID, volumePrefix, "volume")
+	r, err := s.volumeRef(imageID)
 	if err != nil {
 		return err
 	}
-	defer s.locks.lock(image)()
+	defer s.locks.lock(imageID)()
 	img, err := s.Get(ctx, imageID)
 	if err != nil {
 		return err
@@ -69,17 +100,17 @@ func (s *Store) RecordFormatted(ctx context.Context, imageID, fsType string) err
 	if img.Formatted && img.FsType == fsType {
 		return nil
 	}
-	return s.setMeta(ctx, image, map[string]string{metaFormatted: fsType})
+	return s.setMeta(ctx, r, map[string]string{metaFormatted: fsType})
 }
 
-// transport maps images with the configured mapper. Before it maps an
-// image read-write it checks the image's watchers: any client that has the
-// image open is another node (or a client that died less than 30 s ago)
-// that may still write it, and mapping it a second time would silently
-// corrupt it.
+// transport maps images with the mapper of each volume's mounter. Before
+// it maps an image read-write it checks the image's watchers: any client
+// that has the image open is another node (or a client that died less
+// than 30 s ago) that may still write it, and mapping it a second time
+// would silently corrupt it.
 type transport struct {
-	s *Store
-	m mapper
+	s       *Store
+	mappers map[string]mapper // by mounter
 }
 
 var _ backend.Transport = (*transport)(nil)
@@ -87,25 +118,36 @@ var _ backend.Transport = (*transport)(nil)
 // Map implements backend.Transport.
 func (t *transport) Map(ctx context.Context, req backend.MapRequest) (string, error) {
 	s := t.s
-	image, err := s.imageOf(req.Image.ID, volumePrefix, "volume")
+	r, err := s.volumeRef(req.Image.ID)
 	if err != nil {
 		return "", err
 	}
+	mounter, mapOpts, unmapOpts := s.mapSettings(req.Image, req.PublishContext)
+	m, ok := t.mappers[mounter]
+	if !ok {
+		return "", errdefs.Precondition("volume %s is mapped with %s, which this node plugin does not have", req.Image.ID, mounter)
+	}
 	if !req.ReadOnly {
-		w, err := s.watchers(ctx, image)
+		w, err := s.watchers(ctx, r)
 		if err != nil {
 			return "", err
 		}
 		if len(w) > 0 {
 			return "", errdefs.Precondition("image %s of volume %s still has watchers %s: another node (or a client that died less than 30 s ago) has it open; refusing a second writer%s",
-				s.spec(image), req.Image.ID, strings.Join(w, ", "), fencingHint(s.cfg.Fencing))
+				r.spec(), req.Image.ID, strings.Join(w, ", "), fencingHint(s.cfg.Fencing))
 		}
 	}
-	opts := s.cfg.MapOptions
-	if v, ok := req.Image.MutableParameters[MutableParamMapOptions]; ok {
-		opts = v
+	dev, err := m.Map(ctx, r, req.ReadOnly, mapOpts)
+	if err != nil {
+		return "", err
 	}
-	return t.m.Map(ctx, image, req.ReadOnly, opts)
+	if err := t.recordUnmapOptions(dev, unmapOpts); err != nil {
+		if uerr := m.Unmap(context.WithoutCancel(ctx), r, dev, unmapOpts); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		return "", err
+	}
+	return dev, nil
 }
 
 func fencingHint(on bool) string {
@@ -115,40 +157,94 @@ func fencingHint(on bool) string {
 	return " (if that node is lost, force-detach the volume from it; with fencing enabled the controller then blocklists it)"
 }
 
+// unmapOptionsFile is where the unmap options of a mapped device are kept
+// (NodeUnstage carries no parameters).
+func (t *transport) unmapOptionsFile(dev string) string {
+	return filepath.Join(t.s.cfg.StateDir, strings.TrimPrefix(t.s.key, Type+"/"), "unmap-options", filepath.Base(dev))
+}
+
+func (t *transport) recordUnmapOptions(dev, opts string) error {
+	file := t.unmapOptionsFile(dev)
+	if opts == "" {
+		if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.WriteVolatile(file, []byte(opts), 0o600)
+}
+
+// mapperOf is the mapper that makes devices like dev.
+func (t *transport) mapperOf(dev string) (mapper, bool) {
+	for _, m := range t.mappers {
+		if m.Makes(dev) {
+			return m, true
+		}
+	}
+	return nil, false
+}
+
 // Unmap implements backend.Transport. It needs no credentials: NodeUnstage
 // carries no secrets, and unmapping is local.
 func (t *transport) Unmap(ctx context.Context, imageID, devicePath string) error {
-	image, err := t.s.imageOf(imageID, volumePrefix, "volume")
+	r, err := t.s.volumeRef(imageID)
 	if err != nil {
 		return nil // no image of ours, so no device of ours
 	}
-	return t.m.Unmap(ctx, image, devicePath)
+	m, ok := t.mapperOf(devicePath)
+	if !ok {
+		return nil
+	}
+	b, err := os.ReadFile(t.unmapOptionsFile(devicePath))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := m.Unmap(ctx, r, devicePath, strings.TrimSpace(string(b))); err != nil {
+		return err
+	}
+	return t.recordUnmapOptions(devicePath, "")
 }
 
-// Mapped implements backend.Transport.
+// Mapped implements backend.Transport: the image's devices of every kind.
 func (t *transport) Mapped(ctx context.Context, imageID string) ([]backend.MappedDevice, error) {
-	image, err := t.s.imageOf(imageID, volumePrefix, "volume")
+	r, err := t.s.volumeRef(imageID)
 	if err != nil {
 		return nil, nil
 	}
-	devs, err := t.m.Mapped(ctx, image)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]backend.MappedDevice, 0, len(devs))
-	for _, d := range devs {
-		out = append(out, backend.MappedDevice{Path: d.Device, ReadOnly: d.ReadOnly})
+	var out []backend.MappedDevice
+	for _, name := range mounterOrder {
+		m, ok := t.mappers[name]
+		if !ok {
+			continue
+		}
+		devs, err := m.Mapped(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range devs {
+			out = append(out, backend.MappedDevice{Path: d.Device, ReadOnly: d.ReadOnly})
+		}
 	}
 	return out, nil
 }
 
+// mounterOrder is the order Mapped asks the mappers in.
+var mounterOrder = []string{MounterKRBD, MounterNBD, MounterFuse}
+
 // Identify implements backend.Transport.
 func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*backend.MappedDevice, error) {
-	image, err := t.s.imageOf(imageID, volumePrefix, "volume")
+	r, err := t.s.volumeRef(imageID)
 	if err != nil {
 		return nil, errdefs.NotFound("%s is not a device of volume %s: %v", devicePath, imageID, err)
 	}
-	got, err := t.m.Identify(ctx, devicePath)
+	m, ok := t.mapperOf(devicePath)
+	if !ok {
+		return nil, errdefs.NotFound("%s is not a device of volume %s: no RBD mapper makes such devices", devicePath, imageID)
+	}
+	got, err := m.Identify(ctx, devicePath)
 	switch kind := errdefs.KindOf(err); {
 	case err == nil:
 	case kind == errdefs.ErrNotFound, kind == errdefs.ErrInvalidArgument:
@@ -156,16 +252,24 @@ func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*
 	default:
 		return nil, err
 	}
-	if got.Image != image {
-		return nil, errdefs.NotFound("%s is image %s, not volume %s", devicePath, t.s.spec(got.Image), imageID)
+	if !got.of(r) {
+		return nil, errdefs.NotFound("%s is image %s, not volume %s", devicePath, got.spec(), imageID)
 	}
 	return &backend.MappedDevice{Path: got.Device, ReadOnly: got.ReadOnly}, nil
 }
 
 // Refresh implements backend.Transport.
 func (t *transport) Refresh(ctx context.Context, _, devicePath string) (int64, error) {
-	return t.m.Refresh(ctx, devicePath)
+	m, ok := t.mapperOf(devicePath)
+	if !ok {
+		return 0, errdefs.NotFound("%s is not an RBD device", devicePath)
+	}
+	return m.Refresh(ctx, devicePath)
 }
 
-// Available implements backend.Transport: this node can map images.
-func (t *transport) Available(ctx context.Context) error { return t.m.Available(ctx) }
+// Available implements backend.Transport: this node can map images with
+// the instance's mounter (volumes that name another are checked when
+// they are mapped).
+func (t *transport) Available(ctx context.Context) error {
+	return t.mappers[t.s.cfg.Mounter].Available(ctx)
+}

@@ -15,10 +15,14 @@ import (
 )
 
 // The CSI secret keys that carry cephx credentials, as ceph-csi names them:
-// the user without its "client." prefix, and its base64 key.
+// the user without its "client." prefix, and its base64 key. ceph-csi's
+// provisioner secrets once named them adminID and adminKey (CephFS still
+// does); a request that carries no userID takes those.
 const (
-	SecretUserID  = "userID"
-	SecretUserKey = "userKey"
+	SecretUserID   = "userID"
+	SecretUserKey  = "userKey"
+	SecretAdminID  = "adminID"
+	SecretAdminKey = "adminKey"
 )
 
 // callTimeout bounds every call to the cluster made inside an RPC. A stale
@@ -94,18 +98,26 @@ type credentials struct {
 	cleanup func()
 }
 
-// credentialsFor picks the request's secrets, or else the instance's own
-// identity. The key from the secrets is written to a 0600 file in a fresh
-// 0700 directory, named on the command line with --keyfile and removed when
-// the call ends: a key never appears in argv (readable by anyone in ps) nor
-// in an environment, a log line or an error.
-func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
+// credentialsFor picks the request's secrets for a call to cluster id, or
+// else, for the instance's own cluster only, its own identity: that
+// identity belongs to the own cluster, and a cluster of the map is
+// reached with the request's secrets or not at all (as ceph-csi does). A
+// request marked backend.WithSecretsOnly never gets the own identity.
+// The key from the secrets is written to a 0600 file in a fresh 0700
+// directory, named on the command line with --keyfile and removed when
+// the call ends: a key never appears in argv (readable by anyone in ps)
+// nor in an environment, a log line or an error.
+func (c *cluster) credentialsFor(ctx context.Context, id string) (*credentials, error) {
 	s := backend.SecretsFrom(ctx)
-	user, key := s[SecretUserID], s[SecretUserKey]
+	idKey, keyKey := SecretUserID, SecretUserKey
+	if s[SecretUserID] == "" && s[SecretUserKey] == "" && (s[SecretAdminID] != "" || s[SecretAdminKey] != "") {
+		idKey, keyKey = SecretAdminID, SecretAdminKey
+	}
+	user, key := s[idKey], s[keyKey]
 	switch {
 	case user != "" && key != "":
 		if !userIDRe.MatchString(user) {
-			return nil, errdefs.InvalidArgument("CSI secret %s is not a cephx user name (without the \"client.\" prefix)", SecretUserID)
+			return nil, errdefs.InvalidArgument("CSI secret %s is not a cephx user name (without the \"client.\" prefix)", idKey)
 		}
 		dir, err := os.MkdirTemp(c.keyRoot, keyDirPrefix)
 		if err != nil {
@@ -118,7 +130,11 @@ func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
 		}
 		return &credentials{user: user, keyFile: file, cleanup: func() { _ = os.RemoveAll(dir) }}, nil
 	case user != "" || key != "":
-		return nil, errdefs.InvalidArgument("CSI secrets name %s without %s: both are needed", presentKey(s), missingKey(s))
+		return nil, errdefs.InvalidArgument("CSI secrets name %s without %s: both are needed", presentKey(s, idKey, keyKey), missingKey(s, idKey, keyKey))
+	case backend.SecretsOnly(ctx):
+		return nil, errdefs.InvalidArgument("the request's secrets name no cephx identity: %s and %s (or %s and %s) are needed", SecretUserID, SecretUserKey, SecretAdminID, SecretAdminKey)
+	case id != c.cfg.ClusterID:
+		return nil, errdefs.Precondition("no cephx credentials for cluster %s: the request carries no CSI secrets %s and %s, and this backend's own identity is for its own cluster %s only (name the secrets in the StorageClass, or on the PersistentVolume of a static volume)", id, SecretUserID, SecretUserKey, c.cfg.ClusterID)
 	case c.cfg.UserID != "":
 		return &credentials{user: c.cfg.UserID, keyFile: c.cfg.KeyFile, cleanup: func() {}}, nil
 	case c.cfg.ConfigFile != "":
@@ -128,29 +144,40 @@ func (c *cluster) credentialsFor(ctx context.Context) (*credentials, error) {
 	return nil, errdefs.Precondition("no cephx credentials for %s: the request carries no CSI secrets %s and %s, and the backend config names no userID and keyFile", c.cfg.Pool, SecretUserID, SecretUserKey)
 }
 
-func presentKey(s backend.Secrets) string {
-	if s[SecretUserID] != "" {
-		return SecretUserID
+func presentKey(s backend.Secrets, idKey, keyKey string) string {
+	if s[idKey] != "" {
+		return idKey
 	}
-	return SecretUserKey
+	return keyKey
 }
 
-func missingKey(s backend.Secrets) string {
-	if s[SecretUserID] == "" {
-		return SecretUserID
+func missingKey(s backend.Secrets, idKey, keyKey string) string {
+	if s[idKey] == "" {
+		return idKey
 	}
-	return SecretUserKey
+	return keyKey
 }
 
-// connArgs are the arguments that point a Ceph CLI at the cluster as cred.
-func (c *cluster) connArgs(cred *credentials) []string {
+// conn is one cluster of the instance as its calls reach it: the
+// instance's own, or one of its cluster map (clustermap.go).
+type conn struct {
+	*cluster
+	id string // the cluster ID
+}
+
+// on returns the connection to cluster id.
+func (c *cluster) on(id string) conn { return conn{cluster: c, id: id} }
+
+// connArgs are the arguments that point a Ceph CLI at the cluster as cred:
+// its monitors as they are now (endpointOf reads the cluster map again).
+func (c *cluster) connArgs(cred *credentials, ep endpoint) []string {
 	conf := c.cfg.ConfigFile
 	if conf == "" {
 		conf = "/dev/null"
 	}
 	args := []string{"-c", conf}
-	if len(c.cfg.Monitors) > 0 {
-		args = append(args, "-m", strings.Join(c.cfg.Monitors, ","))
+	if len(ep.monitors) > 0 {
+		args = append(args, "-m", strings.Join(ep.monitors, ","))
 	}
 	if cred.user != "" {
 		args = append(args, "--id", cred.user, "--keyfile", cred.keyFile)
@@ -159,42 +186,46 @@ func (c *cluster) connArgs(cred *credentials) []string {
 }
 
 // rbd runs "rbd <args> <connection args>" and returns its stdout.
-func (c *cluster) rbd(ctx context.Context, args ...string) ([]byte, error) {
-	return c.cli(ctx, "rbd", args...)
+func (k conn) rbd(ctx context.Context, args ...string) ([]byte, error) {
+	return k.cli(ctx, "rbd", args...)
 }
 
 // ceph runs "ceph <args> <connection args>".
-func (c *cluster) ceph(ctx context.Context, args ...string) ([]byte, error) {
-	return c.cli(ctx, "ceph", args...)
+func (k conn) ceph(ctx context.Context, args ...string) ([]byte, error) {
+	return k.cli(ctx, "ceph", args...)
 }
 
-func (c *cluster) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
+func (k conn) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
 	limit := callTimeout
-	if c.callLimit > 0 {
-		limit = c.callLimit
+	if k.callLimit > 0 {
+		limit = k.callLimit
 	}
-	return c.cliWithin(ctx, limit, name, args...)
+	return k.cliWithin(ctx, limit, name, args...)
 }
 
 // rbdBackground runs rbd for background work, under backgroundCallTimeout
 // rather than the per-call deadline.
-func (c *cluster) rbdBackground(ctx context.Context, args ...string) ([]byte, error) {
-	return c.cliWithin(ctx, backgroundCallTimeout, "rbd", args...)
+func (k conn) rbdBackground(ctx context.Context, args ...string) ([]byte, error) {
+	return k.cliWithin(ctx, backgroundCallTimeout, "rbd", args...)
 }
 
 // cliWithin runs a Ceph CLI for at most limit. A call stopped by that limit
 // is reported as the driver's own deadline, and one stopped by the
 // caller's context (the RPC's deadline, a cancel) as the caller's: neither
 // is the cluster refusing anything.
-func (c *cluster) cliWithin(ctx context.Context, limit time.Duration, name string, args ...string) ([]byte, error) {
-	cred, err := c.credentialsFor(ctx)
+func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, args ...string) ([]byte, error) {
+	ep, err := k.endpointOf(k.id)
+	if err != nil {
+		return nil, err
+	}
+	cred, err := k.credentialsFor(ctx, k.id)
 	if err != nil {
 		return nil, err
 	}
 	defer cred.cleanup()
 	callCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	out, err := c.run.Run(callCtx, name, append(args, c.connArgs(cred)...)...)
+	out, err := k.run.Run(callCtx, name, append(args, k.connArgs(cred, ep)...)...)
 	if err != nil && command.ExitCode(err) == -1 && callCtx.Err() != nil {
 		if ctx.Err() != nil {
 			return out, fmt.Errorf("stopped by the request's own deadline or cancellation: %w", err)
@@ -219,8 +250,8 @@ func (e *deadlineError) Error() string {
 func (e *deadlineError) Unwrap() error { return e.err }
 
 // rbdJSON runs rbd with --format json and decodes its output into v.
-func (c *cluster) rbdJSON(ctx context.Context, v any, args ...string) error {
-	out, err := c.rbd(ctx, append(args, "--format", "json")...)
+func (k conn) rbdJSON(ctx context.Context, v any, args ...string) error {
+	out, err := k.rbd(ctx, append(args, "--format", "json")...)
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ esac
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key"}.withDefaults()
 	c := &cluster{cfg: cfg, run: command.New(utilexec.New(), nil), callLimit: 300 * time.Millisecond}
 
-	_, err := c.rbd(context.Background(), "hang")
+	_, err := c.on("c").rbd(context.Background(), "hang")
 	if err == nil || errdefs.KindOf(err) != nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a call past the per-call limit = %v (kind %v); want a kindless deadline error", err, errdefs.KindOf(err))
 	}
@@ -45,12 +45,12 @@ esac
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err = c.rbd(ctx, "hang")
+	_, err = c.on("c").rbd(ctx, "hang")
 	if err == nil || errdefs.KindOf(err) != nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the request's own deadline") {
 		t.Fatalf("a call past the caller's deadline = %v; want the request's deadline named", err)
 	}
 
-	_, err = c.rbd(context.Background(), "missing")
+	_, err = c.on("c").rbd(context.Background(), "missing")
 	if errdefs.KindOf(err) != errdefs.ErrNotFound {
 		t.Fatalf("rbd exiting 2 = %v; want ErrNotFound", err)
 	}

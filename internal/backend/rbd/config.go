@@ -31,6 +31,8 @@ const (
 	// maxParentChain is the deepest chain the limits may allow.
 	maxParentChain = 15
 	DefaultFuseDir = "/run/spindle/rbd-fuse"
+	// DefaultStateDir keeps, per mapped device, what its unmap needs.
+	DefaultStateDir = "/run/spindle/rbd"
 )
 
 // Config is one rbd instance of the config file:
@@ -43,12 +45,23 @@ const (
 //     pool: kube
 //     mounter: krbd
 type Config struct {
-	// ClusterID names the Ceph cluster to operators (publish_context, logs).
+	// ClusterID is the instance's own cluster: the one a StorageClass
+	// without ceph-csi's clusterID parameter (or with this one) gets, and
+	// the one volume IDs of the short form <pool>/<image> are in.
 	ClusterID string `json:"clusterID"`
-	// Monitors are the monitor addresses ("host:port", "v2:host:port").
-	// At least one, unless ConfigFile names them.
+	// Monitors are the own cluster's monitor addresses ("host:port",
+	// "v2:host:port"). At least one, unless ConfigFile names them or the
+	// cluster map lists the own cluster (the map then wins).
 	Monitors []string `json:"monitors,omitempty"`
-	// Pool holds every image of the instance.
+	// ClusterMap is ceph-csi's config.json (a JSON list of clusterID,
+	// monitors, rbd.radosNamespace): the ConfigMap Rook writes
+	// (rook-ceph-csi-config, key csi-cluster-config-json) mounted as a
+	// file. It is read again on every call, so moved monitors are used at
+	// once; a StorageClass's clusterID may name any cluster it lists.
+	ClusterMap string `json:"clusterMap,omitempty"`
+	// Pool is where images go when a StorageClass names no pool (ceph-csi's
+	// pool parameter), and where the instance keeps its own records (the
+	// node registry, the list of pools in use).
 	Pool string `json:"pool"`
 	// ConfigFile is an optional ceph.conf; without it the rbd CLI reads
 	// none (-c /dev/null) and everything comes from here.
@@ -88,6 +101,10 @@ type Config struct {
 	Fencing bool `json:"fencing,omitempty"`
 	// FuseDir is where rbd-fuse mounts live on the node (rbd-fuse mounter).
 	FuseDir string `json:"fuseDir,omitempty"`
+	// StateDir is where a node keeps, per device it mapped, the unmap
+	// options of its volume (ceph-csi's unmapOptions): NodeUnstage carries
+	// neither the volume's parameters nor credentials to read them.
+	StateDir string `json:"stateDir,omitempty"`
 	// NodeRegistry: node plugins register themselves (node ID, attach
 	// limit) in the omap of the RADOS object "spindle.nodes" in the pool,
 	// with the config's userID + keyFile (NodeGetInfo carries no secrets),
@@ -123,6 +140,9 @@ func (c Config) withDefaults() Config {
 	if c.FuseDir == "" {
 		c.FuseDir = DefaultFuseDir
 	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
 	return c
 }
 
@@ -139,8 +159,11 @@ func (c Config) Validate(where string) []error {
 	if !poolRe.MatchString(c.Pool) {
 		bad("pool", "%q is not a pool name (letters, digits, '.', '_', '-')", c.Pool)
 	}
-	if len(c.Monitors) == 0 && c.ConfigFile == "" {
-		bad("monitors", "name at least one monitor (or a configFile that does)")
+	if len(c.Monitors) == 0 && c.ConfigFile == "" && c.ClusterMap == "" {
+		bad("monitors", "name at least one monitor (or a configFile or clusterMap that does)")
+	}
+	if c.ClusterMap != "" && !filepath.IsAbs(c.ClusterMap) {
+		bad("clusterMap", "%q must be an absolute path", c.ClusterMap)
 	}
 	for i, m := range c.Monitors {
 		if !monitorRe.MatchString(m) || strings.Contains(m, ",") {
@@ -184,6 +207,9 @@ func (c Config) Validate(where string) []error {
 	}
 	if c.FuseDir != "" && !filepath.IsAbs(c.FuseDir) {
 		bad("fuseDir", "%q must be an absolute path", c.FuseDir)
+	}
+	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
+		bad("stateDir", "%q must be an absolute path", c.StateDir)
 	}
 	return errs
 }

@@ -51,7 +51,11 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		ImageID:           func(name string) string { return rbd.ImageIDFor(cl.Pool, name) },
 		Artifacts:         cl.Artifacts,
 		MutableParameters: map[string]string{rbd.MutableParamMapOptions: "noudev"},
-		Secrets:           cl.Secrets(),
+		// The rbd store refuses keys it does not know (ceph-csi's are
+		// its keys): one it takes that names nothing the image's ID
+		// depends on.
+		ExtraParameter: map[string]string{rbd.ParamImageFeatures: "layering"},
+		Secrets:        cl.Secrets(),
 		WriteImage: func(ctx context.Context, id string, off int64, data []byte) error {
 			return cl.WriteImage(ctx, imageOf(t, cl, id), off, data)
 		},

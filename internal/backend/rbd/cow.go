@@ -39,29 +39,30 @@ import (
 // cluster's rbd_default_clone_format says.
 var cloneFormatArgs = []string{"--rbd-default-clone-format", "2"}
 
-// snapshotImageFeatures are the features of a snapshot image: the
-// instance's, plus deep-flatten, so that flattening a snapshot image also
+// snapshotImageFeatures are the features of a snapshot image: its
+// source's, plus deep-flatten, so that flattening a snapshot image also
 // frees its csi-snap snapshot, which restores hang from, from its parent.
 // Nodes never map a snapshot image, so no kernel client needs to know the
 // feature.
-func (s *Store) snapshotImageFeatures() string {
-	f := strings.Split(s.cfg.ImageFeatures, ",")
+func snapshotImageFeatures(features []string) string {
+	f := slices.Clone(features)
 	if !slices.Contains(f, "deep-flatten") {
 		f = append(f, "deep-flatten")
 	}
 	return strings.Join(f, ",")
 }
 
-// clone makes tmp a copy-on-write clone (format 2) of image@snap with the
-// given features, grown to size.
-func (s *Store) clone(ctx context.Context, image, snap, tmp, features string, size, srcSize int64) error {
+// clone makes tmp a copy-on-write clone (format 2) of parent@snap with the
+// given image arguments (features, data pool, striping), grown to size.
+// The parent may be in another pool or namespace of tmp's cluster.
+func (s *Store) clone(ctx context.Context, parent ref, snap string, tmp ref, imageArgs []string, size, srcSize int64) error {
 	args := append([]string{"clone"}, cloneFormatArgs...)
-	args = append(args, "--image-feature", features, s.spec(image)+"@"+snap, s.spec(tmp))
-	if _, err := s.c.rbd(ctx, args...); err != nil {
+	args = append(append(args, imageArgs...), parent.at(snap), tmp.spec())
+	if _, err := s.on(tmp.location).rbd(ctx, args...); err != nil {
 		return err
 	}
 	if size > srcSize {
-		if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), s.spec(tmp)); err != nil {
+		if _, err := s.on(tmp.location).rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), tmp.spec()); err != nil {
 			return err
 		}
 	}
@@ -72,14 +73,15 @@ func (s *Store) clone(ctx context.Context, image, snap, tmp, features string, si
 // this instant: an RBD snapshot src@snap, the clone, and the snapshot
 // removed again (with a clone it moves to src's trash namespace). On
 // failure neither the clone nor the snapshot is left.
-func (s *Store) cloneOfNow(ctx context.Context, src *rbdImage, snap, tmp, features string, size int64) error {
-	at := s.spec(src.Name) + "@" + snap
-	if _, err := s.c.rbd(ctx, "snap", "create", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *rbdImage, snap string, tmp ref, imageArgs []string, size int64) error {
+	at := src.at(snap)
+	k := s.on(src.location)
+	if _, err := k.rbd(ctx, "snap", "create", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
 		return err
 	}
-	err := s.clone(ctx, src.Name, snap, tmp, features, size, src.Size)
+	err := s.clone(ctx, src, snap, tmp, imageArgs, size, srcInfo.Size)
 	if err == nil {
-		if _, err = s.c.rbd(ctx, "snap", "rm", "--no-progress", at); errdefs.KindOf(err) == errdefs.ErrNotFound {
+		if _, err = k.rbd(ctx, "snap", "rm", "--no-progress", at); errdefs.KindOf(err) == errdefs.ErrNotFound {
 			err = nil
 		}
 		if err == nil {
@@ -88,7 +90,7 @@ func (s *Store) cloneOfNow(ctx context.Context, src *rbdImage, snap, tmp, featur
 	}
 	undo := context.WithoutCancel(ctx)
 	s.removeTemporary(undo, tmp)
-	_, _ = s.c.rbd(undo, "snap", "rm", "--no-progress", at)
+	_, _ = k.rbd(undo, "snap", "rm", "--no-progress", at)
 	return err
 }
 
@@ -97,20 +99,21 @@ func (s *Store) cloneOfNow(ctx context.Context, src *rbdImage, snap, tmp, featur
 // no parent (never a clone, or flattened), else what the image recorded
 // when it was made. An image made before Spindle recorded it (its parents
 // are all named) is walked.
-func (s *Store) chainAt(ctx context.Context, image, snap string) (int, error) {
-	spec := s.spec(image)
+func (s *Store) chainAt(ctx context.Context, r ref, snap string) (int, error) {
+	spec := r.spec()
 	if snap != "" {
-		spec += "@" + snap
+		spec = r.at(snap)
 	}
+	k := s.on(r.location)
 	var info rbdImage
-	if err := s.c.rbdJSON(ctx, &info, "info", spec); err != nil {
+	if err := k.rbdJSON(ctx, &info, "info", spec); err != nil {
 		return 0, err
 	}
 	if info.Parent == nil {
 		return 0, nil
 	}
 	var v string
-	if out, err := s.c.rbd(ctx, "image-meta", "get", s.spec(image), metaDepth); err == nil {
+	if out, err := k.rbd(ctx, "image-meta", "get", r.spec(), metaDepth); err == nil {
 		v = strings.TrimSpace(string(out))
 	} else if errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return 0, err
@@ -118,20 +121,20 @@ func (s *Store) chainAt(ctx context.Context, image, snap string) (int, error) {
 	if n, err := strconv.Atoi(v); err == nil && n > 0 {
 		return n, nil
 	}
-	return s.walkDepth(ctx, &info)
+	return s.walkDepth(ctx, k, &info)
 }
 
 // walkDepth counts the parents above img by name, for images whose
 // parents are all named (those made before Spindle recorded depths).
-func (s *Store) walkDepth(ctx context.Context, img *rbdImage) (int, error) {
+func (s *Store) walkDepth(ctx context.Context, k conn, img *rbdImage) (int, error) {
 	n := 0
 	for p := img.Parent; p != nil && n <= maxParentChain; n++ {
 		var parent rbdImage
-		spec := p.Pool + "/" + p.Image
+		spec := location{pool: p.Pool, namespace: p.Namespace}.ref(p.Image).spec()
 		if p.Snapshot != "" && !p.Trash {
 			spec += "@" + p.Snapshot
 		}
-		if err := s.c.rbdJSON(ctx, &parent, "info", spec); err != nil {
+		if err := k.rbdJSON(ctx, &parent, "info", spec); err != nil {
 			return 0, err
 		}
 		p = parent.Parent
@@ -144,8 +147,8 @@ func (s *Store) walkDepth(ctx context.Context, img *rbdImage) (int, error) {
 // ErrBusy (ABORTED: the sidecars retry it with a backoff, and nothing is
 // created meanwhile), once it has made sure that image is being flattened,
 // which brings its chain to 0.
-func (s *Store) admitClone(ctx context.Context, image, snap, what string) (int, error) {
-	chain, err := s.chainAt(ctx, image, snap)
+func (s *Store) admitClone(ctx context.Context, r ref, snap, what string) (int, error) {
+	chain, err := s.chainAt(ctx, r, snap)
 	if err != nil {
 		return 0, err
 	}
@@ -153,18 +156,18 @@ func (s *Store) admitClone(ctx context.Context, image, snap, what string) (int, 
 	if depth <= s.cfg.HardMaxCloneDepth {
 		return depth, nil
 	}
-	if err := s.flattenInBackground(ctx, s.spec(image)); err != nil {
+	if err := s.flattenInBackground(ctx, r); err != nil {
 		return 0, err
 	}
 	return 0, errdefs.Busy("%s would be a copy-on-write clone %d parents deep, beyond hardMaxCloneDepth %d: %s is being flattened in the background (see `ceph rbd task list`); retry when it is done",
-		what, depth, s.cfg.HardMaxCloneDepth, s.spec(image))
+		what, depth, s.cfg.HardMaxCloneDepth, r.spec())
 }
 
 // settleDepth flattens a new image in the background when its chain is
 // longer than MaxCloneDepth. The image is usable meanwhile; a task that
 // cannot be queued now is queued by Maintain.
-func (s *Store) settleDepth(ctx context.Context, image string, depth int) {
+func (s *Store) settleDepth(ctx context.Context, r ref, depth int) {
 	if depth > s.cfg.MaxCloneDepth {
-		_ = s.flattenInBackground(ctx, s.spec(image))
+		_ = s.flattenInBackground(ctx, r)
 	}
 }

@@ -491,3 +491,65 @@ func TestEarlierVersionsObjects(t *testing.T) {
 	}
 	settle(t, ctx, cl, store)
 }
+
+// TestNamePrefixesLeaveNothing: a volume of a volumeNamePrefix and its
+// snapshot of a snapshotNamePrefix go to the trash under names that are
+// not Spindle's own prefixes, with clones hanging from them; deleted in the
+// order that leaves both waiting in the trash, nothing is left once all
+// are gone. An image somebody else moved to the trash stays there.
+func TestNamePrefixesLeaveNothing(t *testing.T) {
+	cl := rbdtest.Require(t)
+	inst, store, ctx := controller(t, cl, rbd.Config{}, nil)
+	foreign := "backup-of-something"
+	if _, err := cl.RBD(ctx, "create", "--size", "4M", cl.Pool+"/"+foreign); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.RBD(ctx, "trash", "mv", cl.Pool+"/"+foreign); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		trash, _ := cl.Trash(context.Background())
+		for _, e := range trash {
+			if e.Name == foreign {
+				_, _ = cl.RBD(context.Background(), "trash", "rm", "--no-progress", "--pool", cl.Pool, e.ID)
+			}
+		}
+	})
+
+	spec := blockVolume("pvc-prefixed", 32*MiB, nil)
+	spec.Parameters = map[string]string{"volumeNamePrefix": "pg-"}
+	vol := mustCreate(t, ctx, inst, spec)
+	if image := imageOf(t, cl, vol.ID); !strings.HasPrefix(image, "pg-") {
+		t.Fatalf("the volume's image is %s, want a pg- name", image)
+	}
+	sum, err := cl.WriteRandom(ctx, imageOf(t, cl, vol.ID), 32*MiB, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := inst.Snapshots.CreateSnapshot(ctx, backend.SnapshotSpec{Name: "snapshot-prefixed", SourceImageID: vol.ID, Parameters: map[string]string{"snapshotNamePrefix": "pgsnap-"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if image := imageOf(t, cl, snap.ID); !strings.HasPrefix(image, "pgsnap-") {
+		t.Fatalf("the snapshot's image is %s, want a pgsnap- name", image)
+	}
+	restore := mustCreate(t, ctx, inst, blockVolume("pvc-prefixed-restore", 32*MiB, &backend.ContentSource{SnapshotID: snap.ID}))
+	// The volume while its snapshot lives, the snapshot while its restore
+	// lives: both wait in the trash, as pg- and pgsnap- names.
+	if err := inst.Store.Delete(ctx, vol.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Snapshots.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cl.Checksum(ctx, imageOf(t, cl, restore.ID), 32*MiB); err != nil || got != sum {
+		t.Fatalf("the restore reads sha256 %s (%v); want %s", got, err, sum)
+	}
+	if err := inst.Store.Delete(ctx, restore.ID); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, ctx, cl, store, "trash:"+foreign)
+	if out, err := cl.RBD(ctx, "trash", "ls", "--format", "json", cl.Pool); err != nil || strings.Contains(string(out), "pg-") {
+		t.Fatalf("rbd trash ls: %s (%v)", out, err)
+	}
+}

@@ -34,3 +34,19 @@ func TestErrorOfNoKindIsNotExistence(t *testing.T) {
 		t.Fatalf("CreateSnapshot while the cluster does not answer = %v; want the timeout", err)
 	}
 }
+
+// An image Spindle did not make has no metadata, and "rbd image-meta list
+// --format json" then prints nothing at all (Ceph 16.2.15): no metadata,
+// not an error.
+func TestImageWithoutMetadata(t *testing.T) {
+	script := commandtest.New(t,
+		commandtest.Expect("rbd", with("info", "kube/static-1", "--format", "json")...).Prints(`{"name":"static-1","size":67108864,"features":["layering"]}`),
+		commandtest.Expect("rbd", with("image-meta", "list", "kube/static-1", "--format", "json")...).Prints(""),
+	)
+	inst, _ := kernelInstance(t, MounterKRBD, script)
+	s := inst.Store.(*Store)
+	info, meta, err := s.read(context.Background(), location{cluster: "c", pool: "kube"}.ref("static-1"))
+	if err != nil || info.Size != 64<<20 || len(meta) != 0 {
+		t.Fatalf("read = %+v, %v, %v; want the image's size and no metadata", info, meta, err)
+	}
+}

@@ -13,14 +13,19 @@ import (
 
 // Keys of the publish_context: what a node needs to map the image (never a
 // key: the node gets its credentials from the NodeStage secrets). The
-// read-only flag travels as backend.ContextReadOnly.
+// read-only flag travels as backend.ContextReadOnly. The monitors are
+// those of the moment of the publish, for operators: a node resolves the
+// cluster's monitors itself on every call (clustermap.go), since a
+// VolumeAttachment keeps its publish_context while monitors move.
 const (
-	ContextClusterID  = "clusterID"
-	ContextMonitors   = "monitors"
-	ContextPool       = "pool"
-	ContextImage      = "image"
-	ContextMounter    = "mounter"
-	ContextMapOptions = "mapOptions"
+	ContextClusterID    = "clusterID"
+	ContextMonitors     = "monitors"
+	ContextPool         = "pool"
+	ContextNamespace    = "radosNamespace"
+	ContextImage        = "image"
+	ContextMounter      = "mounter"
+	ContextMapOptions   = "mapOptions"
+	ContextUnmapOptions = "unmapOptions"
 )
 
 // ledger is the store as backend.GrantExporter records grants in it: the
@@ -46,11 +51,11 @@ func (l ledger) Get(ctx context.Context, imageID string) (*backend.Image, error)
 // so two publishes racing for a node's last slot count one after the other.
 func (l ledger) UpdateGrants(ctx context.Context, imageID string, withPool bool, fn func(img *backend.Image, others []*backend.Image) error) (*backend.Image, error) {
 	s := l.s
-	image, err := s.imageOf(imageID, volumePrefix, "volume")
+	r, err := s.volumeRef(imageID)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "no volume %s", imageID)
 	}
-	defer s.locks.lock(image)()
+	defer s.locks.lock(imageID)()
 	img, _, err := s.getImage(ctx, imageID)
 	if err != nil {
 		return nil, err
@@ -73,7 +78,7 @@ func (l ledger) UpdateGrants(ctx context.Context, imageID string, withPool bool,
 	if len(img.Attachments) > 0 {
 		v = mustJSON(img.Attachments)
 	}
-	if err := s.setMeta(ctx, image, map[string]string{metaAttachments: v}); err != nil {
+	if err := s.setMeta(ctx, r, map[string]string{metaAttachments: v}); err != nil {
 		return nil, err
 	}
 	return img, nil
@@ -94,28 +99,37 @@ func (h exportHooks) Granting(ctx context.Context, img *backend.Image, att backe
 	if !h.s.cfg.Fencing || !att.AccessMode.SingleNode() || att.ReadOnly || len(img.Attachments) > 0 {
 		return nil
 	}
-	image, err := h.s.imageOf(img.ID, volumePrefix, "volume")
+	r, err := h.s.volumeRef(img.ID)
 	if err != nil {
 		return err
 	}
-	return h.s.fence(ctx, image, att.NodeID)
+	return h.s.fence(ctx, r, att.NodeID)
 }
 
 func (h exportHooks) PublishContext(img *backend.Image) map[string]string {
-	s := h.s
-	image, _ := s.imageOf(img.ID, volumePrefix, "volume")
-	opts := s.cfg.MapOptions
-	if v, ok := img.MutableParameters[MutableParamMapOptions]; ok {
-		opts = v
+	r, _ := h.s.volumeRef(img.ID)
+	mounter, mapOpts, unmapOpts := h.s.mapSettings(img, nil)
+	return h.s.publishContext(r, mounter, mapOpts, unmapOpts)
+}
+
+// publishContext says where the image is and how to map it.
+func (s *Store) publishContext(r ref, mounter, mapOpts, unmapOpts string) map[string]string {
+	ep, _ := s.c.endpointOf(r.cluster)
+	pc := map[string]string{
+		ContextClusterID:  r.cluster,
+		ContextMonitors:   strings.Join(ep.monitors, ","),
+		ContextPool:       r.pool,
+		ContextImage:      r.image,
+		ContextMounter:    mounter,
+		ContextMapOptions: mapOpts,
 	}
-	return map[string]string{
-		ContextClusterID:  s.cfg.ClusterID,
-		ContextMonitors:   strings.Join(s.cfg.Monitors, ","),
-		ContextPool:       s.cfg.Pool,
-		ContextImage:      image,
-		ContextMounter:    s.cfg.Mounter,
-		ContextMapOptions: opts,
+	if r.namespace != "" {
+		pc[ContextNamespace] = r.namespace
 	}
+	if unmapOpts != "" {
+		pc[ContextUnmapOptions] = unmapOpts
+	}
+	return pc
 }
 
 // fence blocklists the clients that still have image open while no node
@@ -129,19 +143,19 @@ func (h exportHooks) PublishContext(img *backend.Image) map[string]string {
 // blocklisted client's watches only when they see the new OSD map; a
 // publish that returned before then would have the new node's stage
 // refused for a watcher that is already fenced.
-func (s *Store) fence(ctx context.Context, image, newNode string) error {
-	addrs, err := s.watchers(ctx, image)
+func (s *Store) fence(ctx context.Context, r ref, newNode string) error {
+	addrs, err := s.watchers(ctx, r)
 	if err != nil || len(addrs) == 0 {
 		return err
 	}
 	for _, a := range addrs {
-		if _, err := s.c.ceph(ctx, "osd", "blocklist", "add", a); err != nil {
-			return errdefs.Wrap(errdefs.ErrPrecondition, err, "fencing: cannot blocklist client %s that still has image %s open before publishing it to node %q", a, s.spec(image), newNode)
+		if _, err := s.on(r.location).ceph(ctx, "osd", "blocklist", "add", a); err != nil {
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "fencing: cannot blocklist client %s that still has image %s open before publishing it to node %q", a, r.spec(), newNode)
 		}
 	}
 	deadline := time.Now().Add(fenceWait)
 	for {
-		left, err := s.watchers(ctx, image)
+		left, err := s.watchers(ctx, r)
 		if err != nil {
 			return err
 		}
@@ -150,11 +164,11 @@ func (s *Store) fence(ctx context.Context, image, newNode string) error {
 		}
 		if time.Now().After(deadline) {
 			return errdefs.Unavailable("fencing: blocklisted %s, but after %s image %s still has watchers %s; retry the publish to node %q",
-				strings.Join(addrs, ", "), fenceWait, s.spec(image), strings.Join(left, ", "), newNode)
+				strings.Join(addrs, ", "), fenceWait, r.spec(), strings.Join(left, ", "), newNode)
 		}
 		select {
 		case <-ctx.Done():
-			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "fencing: waiting for the blocklisted watchers of image %s to go", s.spec(image))
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "fencing: waiting for the blocklisted watchers of image %s to go", r.spec())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

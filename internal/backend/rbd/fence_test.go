@@ -38,7 +38,7 @@ func TestFenceWaitsForTheWatchToGo(t *testing.T) {
 	)
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Fencing: true}.withDefaults()
 	c := &cluster{cfg: cfg, run: command.New(script, nil)}
-	inst := newInstance("a", c, &kernelMapper{c: c, sysRoot: t.TempDir()})
+	inst := newInstance("a", c, map[string]mapper{MounterKRBD: &kernelMapper{c: c, sysRoot: t.TempDir()}})
 	if _, err := inst.Exporter.Publish(context.Background(), "kube/"+testImage, backend.Attachment{NodeID: "node-b", AccessMode: backend.SingleNodeWriter}); err != nil {
 		t.Fatal(err)
 	}

@@ -20,18 +20,19 @@ import (
 // fuseMapper exposes an image as a file with rbd-fuse and binds a loop
 // device to it: a real block device on a node without the rbd or nbd
 // kernel modules. Each image gets its own rbd-fuse mount (-r IMAGE) at
-// <fuseDir>/<instance>/<pool>/<image>, so the loop device's backing file,
-// <that dir>/<image>, says which image it is.
+// <fuseDir>/<instance>/<image ID>, the image ID as in volume IDs
+// (<pool>/<image> in the instance's own cluster), so the loop device's
+// backing file, <that dir>/<image>, says which image it is.
 type fuseMapper struct {
 	c        *cluster
 	loops    blockdev.LoopDevices
-	dir      string // <fuseDir>/<instance>/<pool>
+	dir      string // <fuseDir>/<instance>
 	sysRoot  string
 	procRoot string // "/proc"
 }
 
-func (f *fuseMapper) mountDir(image string) string { return filepath.Join(f.dir, image) }
-func (f *fuseMapper) file(image string) string     { return filepath.Join(f.dir, image, image) }
+func (f *fuseMapper) mountDir(r ref) string { return filepath.Join(f.dir, r.idOf(f.c.cfg.ClusterID)) }
+func (f *fuseMapper) file(r ref) string     { return filepath.Join(f.mountDir(r), r.image) }
 
 // Map mounts the image with rbd-fuse (unless it is mounted) and binds a
 // loop device to its file. rbd-fuse takes its cluster and credentials from
@@ -39,8 +40,8 @@ func (f *fuseMapper) file(image string) string     { return filepath.Join(f.dir,
 // the per-call key file, which rbd-fuse reads once when it connects.
 // attr_timeout=0 makes the file's size follow the image at once when it
 // grows (Refresh).
-func (f *fuseMapper) Map(ctx context.Context, image string, readOnly bool, _ string) (string, error) {
-	dir := f.mountDir(image)
+func (f *fuseMapper) Map(ctx context.Context, r ref, readOnly bool, _ string) (string, error) {
+	dir := f.mountDir(r)
 	mounted, err := f.mounted(dir)
 	if err != nil {
 		return "", err
@@ -49,18 +50,22 @@ func (f *fuseMapper) Map(ctx context.Context, image string, readOnly bool, _ str
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return "", err
 		}
-		if err := f.mount(ctx, image, dir); err != nil {
+		if err := f.mount(ctx, r, dir); err != nil {
 			return "", err
 		}
 	}
-	if _, err := os.Stat(f.file(image)); err != nil {
-		return "", fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, image, err)
+	if _, err := os.Stat(f.file(r)); err != nil {
+		return "", fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, r.spec(), err)
 	}
-	return f.loops.Attach(ctx, f.file(image), readOnly, true)
+	return f.loops.Attach(ctx, f.file(r), readOnly, true)
 }
 
-func (f *fuseMapper) mount(ctx context.Context, image, dir string) error {
-	cred, err := f.c.credentialsFor(ctx)
+func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
+	ep, err := f.c.endpointOf(r.cluster)
+	if err != nil {
+		return err
+	}
+	cred, err := f.c.credentialsFor(ctx, r.cluster)
 	if err != nil {
 		return err
 	}
@@ -70,17 +75,21 @@ func (f *fuseMapper) mount(ctx context.Context, image, dir string) error {
 		conf = "/dev/null"
 	}
 	var cephArgs []string
-	if len(f.c.cfg.Monitors) > 0 {
-		cephArgs = append(cephArgs, "-m", strings.Join(f.c.cfg.Monitors, ","))
+	if len(ep.monitors) > 0 {
+		cephArgs = append(cephArgs, "-m", strings.Join(ep.monitors, ","))
 	}
 	if cred.user != "" {
 		cephArgs = append(cephArgs, "--id", cred.user, "--keyfile", cred.keyFile)
 	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	args := []string{"-c", conf, "-p", r.pool}
+	if r.namespace != "" {
+		args = append(args, "-s", r.namespace)
+	}
 	_, err = f.c.run.Exec(ctx, command.Cmd{
 		Name: "rbd-fuse",
-		Args: []string{"-c", conf, "-p", f.c.cfg.Pool, "-r", image, dir, "-o", "attr_timeout=0,entry_timeout=0"},
+		Args: append(args, "-r", r.image, dir, "-o", "attr_timeout=0,entry_timeout=0"),
 		Env:  []string{"CEPH_ARGS=" + strings.Join(cephArgs, " ")},
 	})
 	if err != nil {
@@ -115,7 +124,7 @@ func (f *fuseMapper) mounted(dir string) (bool, error) {
 // Unmap detaches the loop device and, when no other device uses the file,
 // unmounts rbd-fuse and waits for it to exit, so that its watch on the
 // image is gone before the volume moves to another node.
-func (f *fuseMapper) Unmap(ctx context.Context, image, dev string) error {
+func (f *fuseMapper) Unmap(ctx context.Context, r ref, dev, _ string) error {
 	if err := f.loops.Detach(ctx, dev); err != nil {
 		return err
 	}
@@ -123,22 +132,22 @@ func (f *fuseMapper) Unmap(ctx context.Context, image, dev string) error {
 	deadline := time.Now().Add(time.Second)
 	for {
 		d, err := f.loops.Get(ctx, dev)
-		if errdefs.KindOf(err) == errdefs.ErrNotFound || err == nil && d.BackingFile != f.file(image) {
+		if errdefs.KindOf(err) == errdefs.ErrNotFound || err == nil && d.BackingFile != f.file(r) {
 			break
 		}
 		if err != nil {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return errdefs.Precondition("loop device %s of image %s is still held open by a process; it will be released when that process closes it", dev, image)
+			return errdefs.Precondition("loop device %s of image %s is still held open by a process; it will be released when that process closes it", dev, r.spec())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	rest, err := f.loops.BoundTo(ctx, f.file(image))
+	rest, err := f.loops.BoundTo(ctx, f.file(r))
 	if err != nil || len(rest) > 0 {
 		return err
 	}
-	return f.unmount(ctx, f.mountDir(image))
+	return f.unmount(ctx, f.mountDir(r))
 }
 
 func (f *fuseMapper) unmount(ctx context.Context, dir string) error {
@@ -208,35 +217,39 @@ func (f *fuseMapper) awaitExit(ctx context.Context, pid string) {
 }
 
 // Mapped lists the loop devices bound to the image's rbd-fuse file.
-func (f *fuseMapper) Mapped(ctx context.Context, image string) ([]mapped, error) {
-	devs, err := f.loops.BoundTo(ctx, f.file(image))
+func (f *fuseMapper) Mapped(ctx context.Context, r ref) ([]mapped, error) {
+	devs, err := f.loops.BoundTo(ctx, f.file(r))
 	if err != nil {
 		return nil, err
 	}
 	var out []mapped
 	for _, d := range devs {
 		if !d.Deleted && !d.AutoClear {
-			out = append(out, mapped{Device: d.Path, Image: image, ReadOnly: d.ReadOnly})
+			out = append(out, mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly})
 		}
 	}
 	return out, nil
 }
 
+// Makes: rbd-fuse's devices are loop devices.
+func (f *fuseMapper) Makes(dev string) bool { return strings.HasPrefix(dev, "/dev/loop") }
+
 // Identify reads the loop device's backing file: it must be
-// <dir>/<image>/<image> and <dir>/<image> an rbd-fuse mount.
+// <dir>/<image ID>/<image> and <dir>/<image ID> an rbd-fuse mount.
 func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) {
 	d, err := f.loops.Get(ctx, dev)
 	if err != nil {
 		return nil, err
 	}
-	image := filepath.Base(d.BackingFile)
-	if d.Deleted || d.BackingFile != f.file(image) {
+	id, ok := strings.CutPrefix(filepath.Dir(d.BackingFile), f.dir+"/")
+	r, perr := parseRef(id, f.c.cfg.ClusterID, "image")
+	if d.Deleted || !ok || perr != nil || d.BackingFile != f.file(r) {
 		return nil, errdefs.NotFound("%s is bound to %q, not to an rbd-fuse file under %s", dev, d.BackingFile, f.dir)
 	}
-	if ok, err := f.mounted(f.mountDir(image)); err != nil || !ok {
-		return nil, errdefs.NotFound("%s is bound to %s, but %s is not an rbd-fuse mount", dev, d.BackingFile, f.mountDir(image))
+	if ok, err := f.mounted(f.mountDir(r)); err != nil || !ok {
+		return nil, errdefs.NotFound("%s is bound to %s, but %s is not an rbd-fuse mount", dev, d.BackingFile, f.mountDir(r))
 	}
-	return &mapped{Device: d.Path, Image: image, ReadOnly: d.ReadOnly}, nil
+	return &mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly}, nil
 }
 
 // Refresh has the loop driver re-read the file's size, which rbd-fuse

@@ -42,7 +42,7 @@ func (k *kernelMapper) typeArgs() []string {
 // texts like krbd's "rbd: failed to load rbd kernel module (127)" / "rbd:
 // map failed: (2) No such file or directory", or rbd-nbd's "rbd-nbd:
 // failed to find unused device": a precondition naming the module.
-func (k *kernelMapper) Map(ctx context.Context, image string, readOnly bool, options string) (string, error) {
+func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options string) (string, error) {
 	args := append([]string{"device", "map"}, k.typeArgs()...)
 	if readOnly {
 		args = append(args, "--read-only")
@@ -50,8 +50,8 @@ func (k *kernelMapper) Map(ctx context.Context, image string, readOnly bool, opt
 	if options != "" {
 		args = append(args, "-o", options)
 	}
-	args = append(args, k.c.cfg.Pool+"/"+image)
-	out, err := k.c.rbd(ctx, args...)
+	args = append(args, r.spec())
+	out, err := k.c.on(r.cluster).rbd(ctx, args...)
 	if err != nil {
 		stderr := command.Stderr(err)
 		if strings.Contains(stderr, "kernel module") || strings.Contains(stderr, "modprobe") || strings.Contains(stderr, "failed to find unused device") {
@@ -76,8 +76,12 @@ func (k *kernelMapper) name() string {
 // Unmap runs "rbd device unmap"; no credentials needed. A device that is
 // no longer mapped ("not a mapped image or snapshot", "is not a block
 // device") is done.
-func (k *kernelMapper) Unmap(ctx context.Context, _, dev string) error {
-	args := append(append([]string{"device", "unmap"}, k.typeArgs()...), dev)
+func (k *kernelMapper) Unmap(ctx context.Context, _ ref, dev, options string) error {
+	args := append([]string{"device", "unmap"}, k.typeArgs()...)
+	if options != "" {
+		args = append(args, "-o", options)
+	}
+	args = append(args, dev)
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	_, err := k.c.run.Run(ctx, "rbd", args...)
@@ -96,21 +100,31 @@ func (k *kernelMapper) Unmap(ctx context.Context, _, dev string) error {
 
 // Mapped lists the image's devices: from /sys/bus/rbd for krbd, from
 // "rbd device list -t nbd" for rbd-nbd.
-func (k *kernelMapper) Mapped(ctx context.Context, image string) ([]mapped, error) {
+func (k *kernelMapper) Mapped(ctx context.Context, r ref) ([]mapped, error) {
 	all, err := k.all(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []mapped
 	for _, m := range all {
-		if m.Image == image {
+		if m.of(r) {
 			out = append(out, m)
 		}
 	}
 	return out, nil
 }
 
-// Identify finds dev among the mapped devices of the instance's pool.
+// Makes: krbd's devices are /dev/rbdN, rbd-nbd's /dev/nbdN.
+func (k *kernelMapper) Makes(dev string) bool {
+	prefix := "/dev/rbd"
+	if k.nbd {
+		prefix = "/dev/nbd"
+	}
+	_, err := strconv.Atoi(strings.TrimPrefix(dev, prefix))
+	return strings.HasPrefix(dev, prefix) && err == nil
+}
+
+// Identify finds dev among the mapped devices.
 func (k *kernelMapper) Identify(ctx context.Context, dev string) (*mapped, error) {
 	all, err := k.all(ctx)
 	if err != nil {
@@ -121,11 +135,10 @@ func (k *kernelMapper) Identify(ctx context.Context, dev string) (*mapped, error
 			return &m, nil
 		}
 	}
-	return nil, errdefs.NotFound("%s is not an %s device of pool %s", dev, k.name(), k.c.cfg.Pool)
+	return nil, errdefs.NotFound("%s is not a mapped %s device", dev, k.name())
 }
 
-// all lists the devices mapped from the instance's pool (head revision,
-// not snapshots).
+// all lists the mapped devices (head revisions, not snapshots).
 func (k *kernelMapper) all(ctx context.Context) ([]mapped, error) {
 	if k.nbd {
 		return k.nbdList(ctx)
@@ -157,16 +170,17 @@ func (k *kernelMapper) krbdList() ([]mapped, error) {
 		pool, err1 := attr("pool")
 		name, err2 := attr("name")
 		snap, err3 := attr("current_snap")
+		ns, _ := attr("pool_ns") // Linux 4.19 and later; none before
 		if blockdev.DeviceGone(err1) || blockdev.DeviceGone(err2) {
 			continue // unmapped while we read
 		}
 		if err := firstError(err1, err2); err != nil {
 			return nil, err
 		}
-		if pool != k.c.cfg.Pool || (err3 == nil && snap != "-") {
+		if err3 == nil && snap != "-" {
 			continue
 		}
-		m := mapped{Device: "/dev/rbd" + id, Image: name}
+		m := mapped{Device: "/dev/rbd" + id, Pool: pool, Namespace: ns, Image: name}
 		if ro, err := os.ReadFile(filepath.Join(k.sysRoot, "block", "rbd"+id, "ro")); err == nil {
 			m.ReadOnly = strings.TrimSpace(string(ro)) == "1"
 		}
@@ -187,14 +201,18 @@ func firstError(errs ...error) error {
 
 // nbdDevice is one entry of "rbd device list -t nbd --format json".
 type nbdDevice struct {
-	Pool   string `json:"pool"`
-	Name   string `json:"name"`
-	Image  string `json:"image"`
-	Snap   string `json:"snap"`
-	Device string `json:"device"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Image     string `json:"image"`
+	Snap      string `json:"snap"`
+	Device    string `json:"device"`
 }
 
 func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
+	if _, err := os.Stat(filepath.Join(k.sysRoot, "module", "nbd")); os.IsNotExist(err) {
+		return nil, nil // no nbd module: nothing mapped
+	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	out, err := k.c.run.Run(ctx, "rbd", "device", "list", "-t", "nbd", "--format", "json")
@@ -211,10 +229,10 @@ func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
 		if name == "" {
 			name = d.Image
 		}
-		if d.Pool != k.c.cfg.Pool || (d.Snap != "" && d.Snap != "-") {
+		if d.Snap != "" && d.Snap != "-" {
 			continue
 		}
-		m := mapped{Device: d.Device, Image: name}
+		m := mapped{Device: d.Device, Pool: d.Pool, Namespace: d.Namespace, Image: name}
 		if ro, err := os.ReadFile(filepath.Join(k.sysRoot, "block", filepath.Base(d.Device), "ro")); err == nil {
 			m.ReadOnly = strings.TrimSpace(string(ro)) == "1"
 		}

@@ -32,7 +32,7 @@ func (s *Store) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
 	if !s.cfg.NodeRegistry {
 		return nil
 	}
-	_, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "setomapval", nodeRegistryObject, info.NodeID, mustJSON(info))
+	_, err := s.on(s.ownLocation()).cli(ctx, "rados", "-p", s.cfg.Pool, "setomapval", nodeRegistryObject, info.NodeID, mustJSON(info))
 	return err
 }
 
@@ -51,7 +51,7 @@ func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo
 	}
 	defer os.RemoveAll(dir)
 	out := filepath.Join(dir, "value")
-	if _, err := s.c.cli(ctx, "rados", "-p", s.cfg.Pool, "getomapval", nodeRegistryObject, nodeID, out); err != nil {
+	if _, err := s.on(s.ownLocation()).cli(ctx, "rados", "-p", s.cfg.Pool, "getomapval", nodeRegistryObject, nodeID, out); err != nil {
 		// A missing key: exit 1, "No such key: ..." on stdout and nothing
 		// on stderr; a missing object: "(2) No such file or directory".
 		if stderr := command.Stderr(err); command.ExitCode(err) == 1 && (stderr == "" || strings.Contains(stderr, "No such key") || strings.Contains(stderr, "No such file or directory")) {

@@ -23,23 +23,23 @@ func init() {
 	backend.Register(backend.Kind[Config]{Type: Type, Validate: Config.Validate, New: New})
 }
 
-// New builds the instance named name from a validated Config.
+// New builds the instance named name from a validated Config. Its node
+// side holds a mapper of each kind: a volume is mapped with the mounter
+// its parameters name, else the instance's.
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
 	cfg = cfg.withDefaults()
 	c := &cluster{cfg: cfg, run: run}
 	removeStaleKeyDirs(c.keyRoot, time.Now())
-	var m mapper
-	switch cfg.Mounter {
-	case MounterFuse:
-		m = &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name, cfg.Pool), sysRoot: "/sys", procRoot: "/proc"}
-	default:
-		m = &kernelMapper{c: c, nbd: cfg.Mounter == MounterNBD, sysRoot: "/sys"}
-	}
-	return newInstance(name, c, m), nil
+	return newInstance(name, c, map[string]mapper{
+		MounterKRBD: &kernelMapper{c: c, sysRoot: "/sys"},
+		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys"},
+		MounterFuse: &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name), sysRoot: "/sys", procRoot: "/proc"},
+	}), nil
 }
 
-func newInstance(name string, c *cluster, m mapper) *backend.Instance {
+func newInstance(name string, c *cluster, mappers map[string]mapper) *backend.Instance {
 	s := &Store{c: c, cfg: c.cfg, key: Type + "/" + name}
+	s.transport = &transport{s: s, mappers: mappers}
 	return &backend.Instance{
 		Type:  Type,
 		Name:  name,
@@ -52,11 +52,12 @@ func newInstance(name string, c *cluster, m mapper) *backend.Instance {
 			Backend: Type, Instance: s.key, OneWriterReason: "an image is written from one node at a time",
 			Ledger: ledger{s}, Hooks: exportHooks{s: s},
 		},
-		Attacher:  &backend.TransportAttacher{Source: source{s}, Transport: &transport{s: s, m: m}},
+		Attacher:  &backend.TransportAttacher{Source: source{s}, Transport: s.transport},
 		Snapshots: s,
 	}
 }
 
 // ImageIDFor is the image ID (the part of the volume ID after
-// "rbd/<instance>/") of the volume with that CSI name in pool.
+// "rbd/<instance>/") of the volume with that CSI name in pool of the
+// instance's own cluster, made without parameters.
 func ImageIDFor(pool, csiName string) string { return pool + "/" + hashedName(volumePrefix, csiName) }

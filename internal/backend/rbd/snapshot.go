@@ -27,9 +27,18 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	if spec.Name == "" {
 		return nil, errdefs.InvalidArgument("snapshot name is empty")
 	}
-	image := hashedName(snapPrefix, spec.Name)
-	id := s.spec(image)
-	defer s.locks.lock(image)()
+	source, err := s.volumeRef(spec.SourceImageID)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := s.snapshotOptionsOf(source, spec.Parameters)
+	if err != nil {
+		return nil, err
+	}
+	// A snapshot lives beside its source.
+	r := source.location.ref(hashedName(opts.prefix, spec.Name))
+	id := s.idOf(r)
+	defer s.locks.lock(id)()
 
 	existing, err := s.GetSnapshot(ctx, id)
 	switch {
@@ -49,7 +58,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	if err := s.checkRoom(ctx, src.CapacityBytes); err != nil {
 		return nil, err
 	}
-	depth, err := s.admitClone(ctx, srcInfo.Name, "", fmt.Sprintf("snapshot %q of volume %s", spec.Name, src.ID))
+	depth, err := s.admitClone(ctx, source, "", fmt.Sprintf("snapshot %q of volume %s", spec.Name, src.ID))
 	if err != nil {
 		return nil, err
 	}
@@ -57,29 +66,45 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 		SourceImageID: src.ID, SizeBytes: src.CapacityBytes, CreatedAt: time.Now().UTC().Truncate(time.Second),
 		AccessType: src.AccessType, FsType: src.FsType, Formatted: src.Formatted,
 	}
-	build := func(tmp string) error {
-		snap := copySnapPrefix + strings.TrimPrefix(image, snapPrefix)
-		if err := s.cloneOfNow(ctx, srcInfo, snap, tmp, s.snapshotImageFeatures(), src.CapacityBytes); err != nil {
+	features := snapshotImageFeatures(userFeatures(srcInfo.Features))
+	build := func(tmp ref) error {
+		snap := copySnapPrefix + hashOf(r.image)
+		if err := s.cloneOfNow(ctx, source, srcInfo, snap, tmp, []string{"--image-feature", features}, src.CapacityBytes); err != nil {
 			return err
 		}
-		_, err := s.c.rbd(ctx, "snap", "create", "--no-progress", s.spec(tmp)+"@"+snapshotSnap)
+		_, err := s.on(tmp.location).rbd(ctx, "snap", "create", "--no-progress", tmp.at(snapshotSnap))
 		return err
 	}
 	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec), metaDepth: depthValue(depth)}
-	if err := s.buildAndRename(ctx, image, true, build, meta); err != nil {
+	if err := s.buildAndRename(ctx, r, true, build, meta); err != nil {
 		return nil, err
 	}
-	s.settleDepth(ctx, image, depth)
+	s.settleDepth(ctx, r, depth)
 	return s.GetSnapshot(ctx, id)
+}
+
+// userFeatures keeps the features of "rbd info" that an image can be
+// created with (not Ceph's internal ones, such as "operations").
+func userFeatures(features []string) []string {
+	var out []string
+	for _, f := range features {
+		if _, ok := featureNeeds[f]; ok {
+			out = append(out, f)
+		}
+	}
+	if !slices.Contains(out, "layering") {
+		out = append(out, "layering")
+	}
+	return out
 }
 
 // GetSnapshot implements backend.Snapshotter.
 func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, error) {
-	image, err := s.imageOf(id, snapPrefix, "snapshot")
+	r, err := s.snapshotRef(id)
 	if err != nil {
 		return nil, err
 	}
-	info, meta, err := s.read(ctx, image)
+	info, meta, err := s.read(ctx, r)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil, errdefs.NotFound("snapshot %s does not exist", id)
 	}
@@ -99,25 +124,34 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, 
 	}, nil
 }
 
-// ListSnapshots implements backend.Snapshotter.
+// ListSnapshots implements backend.Snapshotter: the snapshots of every
+// location the instance has images in. An image is a snapshot when it
+// carries a snapshot record (Spindle's own names, and those a
+// snapshotNamePrefix gave).
 func (s *Store) ListSnapshots(ctx context.Context) ([]*backend.Snapshot, error) {
-	all, err := s.listImages(ctx)
+	locs, err := s.locations(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []*backend.Snapshot
-	for _, e := range all {
-		if !strings.HasPrefix(e.Image, snapPrefix) {
-			continue
-		}
-		snap, err := s.GetSnapshot(ctx, s.spec(e.Image))
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			continue
-		}
+	for _, l := range locs {
+		all, err := s.listImages(ctx, l)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, snap)
+		for _, e := range all {
+			if strings.HasPrefix(e.Image, volumePrefix) || strings.HasPrefix(e.Image, tmpPrefix) || !imageNameRe.MatchString(e.Image) {
+				continue
+			}
+			snap, err := s.GetSnapshot(ctx, s.idOf(l.ref(e.Image)))
+			if errdefs.KindOf(err) == errdefs.ErrNotFound {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, snap)
+		}
 	}
 	slices.SortFunc(out, func(a, b *backend.Snapshot) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
@@ -127,17 +161,20 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*backend.Snapshot, error) 
 // snapshot keep their data: the snapshot image waits in the trash until
 // they are gone (trash.go).
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	image, err := s.imageOf(id, snapPrefix, "snapshot")
+	r, err := s.snapshotRef(id)
 	if err != nil {
 		return nil
 	}
-	defer s.locks.lock(image)()
-	info, _, err := s.read(ctx, image)
+	defer s.locks.lock(id)()
+	info, meta, err := s.read(ctx, r)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return s.remove(ctx, image, info)
+	if meta[metaSnapshot] == "" {
+		return nil // no snapshot of Spindle's: nothing of ours to delete
+	}
+	return s.remove(ctx, r, info)
 }

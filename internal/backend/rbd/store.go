@@ -1,6 +1,7 @@
 package rbd
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,8 +74,6 @@ type snapshotRecord struct {
 	Formatted     bool               `json:"formatted"`
 }
 
-var hashedRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
-
 // hashedName is prefix + the first 128 bits of SHA-256(csiName) in hex.
 func hashedName(prefix, csiName string) string {
 	sum := sha256.Sum256([]byte(csiName))
@@ -100,29 +98,33 @@ type Store struct {
 	now func() time.Time
 	// bg tracks background work (tasks.go).
 	bg background
+	// known are the locations this process has images in (locations.go).
+	known knownLocations
+	// transport is the node side's (attach.go); static volumes use it too.
+	transport *transport
 }
 
-// ImageID returns the image ID a volume of that CSI name gets.
+// ImageID returns the image ID a volume of that CSI name gets without
+// parameters (in the instance's pool).
 func (s *Store) ImageID(name string) string { return s.cfg.Pool + "/" + hashedName(volumePrefix, name) }
 
-// SnapshotID returns the snapshot ID a snapshot of that CSI name gets.
+// SnapshotID returns the snapshot ID a snapshot of that CSI name gets of a
+// volume in the instance's pool, without parameters.
 func (s *Store) SnapshotID(name string) string {
 	return s.cfg.Pool + "/" + hashedName(snapPrefix, name)
 }
 
-// spec is the rbd image spec "pool/image".
-func (s *Store) spec(image string) string { return s.cfg.Pool + "/" + image }
+// volumeRef reads a volume's image ID; ErrNotFound when it cannot be one.
+func (s *Store) volumeRef(id string) (ref, error) { return parseRef(id, s.cfg.ClusterID, "volume") }
 
-// imageOf returns the RBD image name of an ID of this instance with the
-// given prefix, or ErrNotFound: an ID that is not of that shape names
-// nothing this store could hold.
-func (s *Store) imageOf(id, prefix, what string) (string, error) {
-	image, ok := strings.CutPrefix(id, s.cfg.Pool+"/")
-	if !ok || !strings.HasPrefix(image, prefix) || !hashedRe.MatchString(strings.TrimPrefix(image, prefix)) {
-		return "", errdefs.NotFound("%s %s does not exist: %s holds %s in pool %s as %s<hash>", what, id, s.key, what+"s", s.cfg.Pool, prefix)
-	}
-	return image, nil
-}
+// snapshotRef reads a snapshot's image ID.
+func (s *Store) snapshotRef(id string) (ref, error) { return parseRef(id, s.cfg.ClusterID, "snapshot") }
+
+// idOf is the image ID of r.
+func (s *Store) idOf(r ref) string { return r.idOf(s.cfg.ClusterID) }
+
+// on is the connection to the cluster of l.
+func (s *Store) on(l location) conn { return s.c.on(l.cluster) }
 
 // rbdImage is "rbd info --format json".
 type rbdImage struct {
@@ -140,33 +142,42 @@ type rbdImage struct {
 // snapshot a clone hangs from. A parent that was deleted while it had
 // clones is in the trash: it has no name to open it by, only its ID.
 type rbdParent struct {
-	Pool     string `json:"pool"`
-	Image    string `json:"image"`
-	ID       string `json:"id"`
-	Snapshot string `json:"snapshot"`
-	Trash    bool   `json:"trash"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"pool_namespace"`
+	Image     string `json:"image"`
+	ID        string `json:"id"`
+	Snapshot  string `json:"snapshot"`
+	Trash     bool   `json:"trash"`
 }
 
 // read returns an image's info and metadata.
-func (s *Store) read(ctx context.Context, image string) (*rbdImage, map[string]string, error) {
+func (s *Store) read(ctx context.Context, r ref) (*rbdImage, map[string]string, error) {
 	var info rbdImage
-	if err := s.c.rbdJSON(ctx, &info, "info", s.spec(image)); err != nil {
+	if err := s.on(r.location).rbdJSON(ctx, &info, "info", r.spec()); err != nil {
+		return nil, nil, err
+	}
+	// An image without metadata (one Spindle did not make) lists nothing
+	// at all, not "{}", with --format json (Ceph 16.2.15).
+	out, err := s.on(r.location).rbd(ctx, "image-meta", "list", r.spec(), "--format", "json")
+	if err != nil {
 		return nil, nil, err
 	}
 	meta := map[string]string{}
-	if err := s.c.rbdJSON(ctx, &meta, "image-meta", "list", s.spec(image)); err != nil {
-		return nil, nil, err
+	if len(bytes.TrimSpace(out)) > 0 {
+		if err := json.Unmarshal(out, &meta); err != nil {
+			return nil, nil, fmt.Errorf("rbd image-meta list %s: cannot parse its JSON output %.200q: %w", r.spec(), out, err)
+		}
 	}
 	return &info, meta, nil
 }
 
 // getImage reads a volume image; ErrNotFound names id.
 func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *rbdImage, error) {
-	image, err := s.imageOf(id, volumePrefix, "volume")
+	r, err := s.volumeRef(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	info, meta, err := s.read(ctx, image)
+	info, meta, err := s.read(ctx, r)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil, nil, errdefs.NotFound("volume %s does not exist", id)
 	}
@@ -208,13 +219,13 @@ func (s *Store) decode(id string, info *rbdImage, meta map[string]string) (*back
 }
 
 // setMeta sets (value != "") or removes (value == "") metadata keys.
-func (s *Store) setMeta(ctx context.Context, image string, kv map[string]string) error {
+func (s *Store) setMeta(ctx context.Context, r ref, kv map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(kv)) {
 		var err error
 		if v := kv[k]; v != "" {
-			_, err = s.c.rbd(ctx, "image-meta", "set", s.spec(image), k, v)
+			_, err = s.on(r.location).rbd(ctx, "image-meta", "set", r.spec(), k, v)
 		} else {
-			_, err = s.c.rbd(ctx, "image-meta", "remove", s.spec(image), k)
+			_, err = s.on(r.location).rbd(ctx, "image-meta", "remove", r.spec(), k)
 			if errdefs.KindOf(err) == errdefs.ErrNotFound {
 				err = nil // nothing to remove
 			}
@@ -255,9 +266,13 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	if src := spec.Source; src != nil && (src.ImageID == "") == (src.SnapshotID == "") {
 		return nil, errdefs.InvalidArgument("volume %q: a content source names exactly one of a snapshot and a volume, got %+v", spec.Name, *src)
 	}
-	image := hashedName(volumePrefix, spec.Name)
-	id := s.spec(image)
-	defer s.locks.lock(image)()
+	opts, err := s.volumeOptionsOf(spec.Parameters)
+	if err != nil {
+		return nil, err
+	}
+	r := opts.loc.ref(hashedName(opts.prefix, spec.Name))
+	id := s.idOf(r)
+	defer s.locks.lock(id)()
 
 	existing, _, err := s.getImage(ctx, id)
 	// An error of no kind (the monitors did not answer) is that error,
@@ -272,12 +287,13 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 
 	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC()}
 	formatted := ""
-	var build func(tmp string) error
+	var build func(tmp ref) error
 	depth := 0 // copy-on-write parents of the new image
 	switch {
 	case spec.Source == nil:
-		build = func(tmp string) error {
-			_, err := s.c.rbd(ctx, "create", "--no-progress", "--size", bytesArg(spec.CapacityBytes), "--image-feature", s.cfg.ImageFeatures, s.spec(tmp))
+		build = func(tmp ref) error {
+			args := append([]string{"create", "--no-progress", "--size", bytesArg(spec.CapacityBytes)}, opts.imageArgs(opts.features)...)
+			_, err := s.on(tmp.location).rbd(ctx, append(args, tmp.spec())...)
 			return err
 		}
 	case spec.Source.SnapshotID != "":
@@ -292,12 +308,15 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if snap.Formatted {
 			formatted = snap.FsType
 		}
-		snapImage, _ := s.imageOf(snap.ID, snapPrefix, "snapshot")
+		snapImage, _ := s.snapshotRef(snap.ID)
+		if err := sameCluster(spec.Name, snapImage, opts.loc); err != nil {
+			return nil, err
+		}
 		if depth, err = s.admitClone(ctx, snapImage, snapshotSnap, fmt.Sprintf("volume %q restored from snapshot %s", spec.Name, snap.ID)); err != nil {
 			return nil, err
 		}
-		build = func(tmp string) error {
-			return s.clone(ctx, snapImage, snapshotSnap, tmp, s.cfg.ImageFeatures, spec.CapacityBytes, snap.SizeBytes)
+		build = func(tmp ref) error {
+			return s.clone(ctx, snapImage, snapshotSnap, tmp, opts.imageArgs(opts.features), spec.CapacityBytes, snap.SizeBytes)
 		}
 	default:
 		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
@@ -311,27 +330,62 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if src.Formatted {
 			formatted = src.FsType
 		}
-		if depth, err = s.admitClone(ctx, srcInfo.Name, "", fmt.Sprintf("volume %q cloned from volume %s", spec.Name, src.ID)); err != nil {
+		srcRef, _ := s.volumeRef(src.ID)
+		if err := sameCluster(spec.Name, srcRef, opts.loc); err != nil {
 			return nil, err
 		}
-		snap := cloneSnapPrefix + strings.TrimPrefix(image, volumePrefix)
-		build = func(tmp string) error {
-			return s.cloneOfNow(ctx, srcInfo, snap, tmp, s.cfg.ImageFeatures, spec.CapacityBytes)
+		if depth, err = s.admitClone(ctx, srcRef, "", fmt.Sprintf("volume %q cloned from volume %s", spec.Name, src.ID)); err != nil {
+			return nil, err
+		}
+		snap := cloneSnapPrefix + hashOf(r.image)
+		build = func(tmp ref) error {
+			return s.cloneOfNow(ctx, srcRef, srcInfo, snap, tmp, opts.imageArgs(opts.features), spec.CapacityBytes)
 		}
 	}
 	if err := s.checkRoom(ctx, spec.CapacityBytes); err != nil {
+		return nil, err
+	}
+	if err := s.rememberLocation(ctx, r.location); err != nil {
 		return nil, err
 	}
 	meta := map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec), metaFormatted: formatted, metaDepth: depthValue(depth)}
 	if len(spec.MutableParameters) > 0 {
 		meta[metaMutable] = mustJSON(spec.MutableParameters)
 	}
-	if err := s.buildAndRename(ctx, image, spec.Source != nil, build, meta); err != nil {
+	if err := s.buildAndRename(ctx, r, spec.Source != nil, build, meta); err != nil {
 		return nil, err
 	}
-	s.settleDepth(ctx, image, depth)
+	s.settleDepth(ctx, r, depth)
 	img, _, err := s.getImage(ctx, id)
 	return img, err
+}
+
+// imageArgs are the arguments of "rbd create" and "rbd clone" that give a
+// new image the volume's features, data pool and striping.
+func (o volumeOptions) imageArgs(features string) []string {
+	args := []string{"--image-feature", features}
+	if o.dataPool != "" {
+		args = append(args, "--data-pool", o.dataPool)
+	}
+	return append(args, o.striping...)
+}
+
+// sameCluster refuses a copy across clusters: an RBD clone is made within
+// one cluster (any pool or namespace of it).
+func sameCluster(name string, source ref, to location) error {
+	if source.cluster != to.cluster {
+		return errdefs.InvalidArgument("volume %q would be in cluster %s, but its source %s is in cluster %s: a copy-on-write clone is made within one cluster", name, to.cluster, source.spec(), source.cluster)
+	}
+	return nil
+}
+
+// hashOf is the hash part of a name Spindle gave (prefix + 32 hex digits),
+// or the whole name of one it did not.
+func hashOf(image string) string {
+	if len(image) >= 32 {
+		return image[len(image)-32:]
+	}
+	return image
 }
 
 // depthValue is the spindle.depth metadata of a new image ("" for none:
@@ -343,11 +397,11 @@ func depthValue(depth int) string {
 	return strconv.Itoa(depth)
 }
 
-// buildAndRename runs build on a fresh temporary name, writes meta (and,
-// for a copy, removes the keys it inherited) and renames the result to
-// image. On failure the temporary image is removed.
-func (s *Store) buildAndRename(ctx context.Context, image string, inherited bool, build func(tmp string) error, meta map[string]string) (err error) {
-	tmp := tmpName(image)
+// buildAndRename runs build on a fresh temporary name in r's location,
+// writes meta (and, for a copy, removes the keys it inherited) and renames
+// the result to r. On failure the temporary image is removed.
+func (s *Store) buildAndRename(ctx context.Context, r ref, inherited bool, build func(tmp ref) error, meta map[string]string) (err error) {
+	tmp := r.location.ref(tmpName(r.image))
 	defer func() {
 		if err != nil {
 			s.removeTemporary(context.WithoutCancel(ctx), tmp)
@@ -369,9 +423,9 @@ func (s *Store) buildAndRename(ctx context.Context, image string, inherited bool
 	if err := s.setMeta(ctx, tmp, all); err != nil {
 		return err
 	}
-	if _, err := s.c.rbd(ctx, "rename", s.spec(tmp), s.spec(image)); err != nil {
+	if _, err := s.on(r.location).rbd(ctx, "rename", tmp.spec(), r.spec()); err != nil {
 		if errdefs.KindOf(err) == errdefs.ErrAlreadyExists {
-			return errdefs.Wrap(errdefs.ErrBusy, err, "image %s was created by another controller meanwhile; retry", image)
+			return errdefs.Wrap(errdefs.ErrBusy, err, "image %s was created by another controller meanwhile; retry", r.spec())
 		}
 		return err
 	}
@@ -382,13 +436,13 @@ func (s *Store) buildAndRename(ctx context.Context, image string, inherited bool
 func tmpName(image string) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return tmpPrefix + strings.TrimPrefix(strings.TrimPrefix(image, volumePrefix), snapPrefix)[:16] + "-" + hex.EncodeToString(b)
+	return tmpPrefix + hashOf(image)[:16] + "-" + hex.EncodeToString(b)
 }
 
 // removeTemporary removes a half-built image before the failed call
 // answers; what it cannot remove (the cluster is gone) Sweep removes at
 // the next controller start, the name says what it is.
-func (s *Store) removeTemporary(ctx context.Context, tmp string) { _ = s.removeNow(ctx, tmp) }
+func (s *Store) removeTemporary(ctx context.Context, tmp ref) { _ = s.removeNow(ctx, tmp) }
 
 // copyFits checks a copy's request against its source.
 func copyFits(spec backend.VolumeSpec, at backend.AccessType, fsType string, size int64, source string) error {
@@ -472,15 +526,15 @@ type rbdWatchers struct {
 // to run a background task (tasks.go), e.g. to detach a removed clone
 // from its parent; that is no node writing, must not refuse a delete or a
 // stage, and must never be fenced.
-func (s *Store) watchers(ctx context.Context, image string) ([]string, error) {
+func (s *Store) watchers(ctx context.Context, r ref) ([]string, error) {
 	var st rbdWatchers
-	if err := s.c.rbdJSON(ctx, &st, "status", s.spec(image)); err != nil {
+	if err := s.on(r.location).rbdJSON(ctx, &st, "status", r.spec()); err != nil {
 		return nil, err
 	}
 	if len(st.Watchers) == 0 {
 		return nil, nil
 	}
-	mgr, err := s.mgrClients(ctx)
+	mgr, err := s.mgrClients(ctx, s.on(r.location))
 	if err != nil {
 		return nil, err
 	}
@@ -507,8 +561,8 @@ type mgrDump struct {
 
 // mgrClients are the addresses of the active manager's clients
 // ("127.0.0.1:0/3634981916", as "rbd status" prints a watcher).
-func (s *Store) mgrClients(ctx context.Context) (map[string]bool, error) {
-	out, err := s.c.ceph(ctx, "mgr", "dump", "--format", "json")
+func (s *Store) mgrClients(ctx context.Context, k conn) (map[string]bool, error) {
+	out, err := k.ceph(ctx, "mgr", "dump", "--format", "json")
 	if err != nil {
 		return nil, err
 	}
@@ -533,13 +587,13 @@ type rbdLock struct {
 
 // removeLocks breaks the advisory locks left on an image: "rbd rm" of a
 // locked image waits for them forever.
-func (s *Store) removeLocks(ctx context.Context, image string) error {
+func (s *Store) removeLocks(ctx context.Context, r ref) error {
 	var locks []rbdLock
-	if err := s.c.rbdJSON(ctx, &locks, "lock", "ls", s.spec(image)); err != nil {
+	if err := s.on(r.location).rbdJSON(ctx, &locks, "lock", "ls", r.spec()); err != nil {
 		return err
 	}
 	for _, l := range locks {
-		if _, err := s.c.rbd(ctx, "lock", "rm", s.spec(image), l.ID, l.Locker); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if _, err := s.on(r.location).rbd(ctx, "lock", "rm", r.spec(), l.ID, l.Locker); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			return err
 		}
 	}
@@ -548,11 +602,11 @@ func (s *Store) removeLocks(ctx context.Context, image string) error {
 
 // Delete implements backend.ImageStore.
 func (s *Store) Delete(ctx context.Context, id string) error {
-	image, err := s.imageOf(id, volumePrefix, "volume")
+	r, err := s.volumeRef(id)
 	if err != nil {
 		return nil // no such volume can exist
 	}
-	defer s.locks.lock(image)()
+	defer s.locks.lock(id)()
 	img, info, err := s.getImage(ctx, id)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil
@@ -567,7 +621,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		}
 		return errdefs.Precondition("volume %s is still published to node %s; unpublish it first", id, strings.Join(nodes, ", "))
 	}
-	return s.remove(ctx, image, info)
+	return s.remove(ctx, r, info)
 }
 
 // rbdListed is one entry of "rbd ls -l --format json".
@@ -579,10 +633,19 @@ type rbdListed struct {
 	Parent    *rbdParent `json:"parent,omitempty"`
 }
 
-// listImages lists the pool's images (no snapshots).
-func (s *Store) listImages(ctx context.Context) ([]rbdListed, error) {
+// listAll lists a location's images and their snapshots ("rbd ls -l").
+func (s *Store) listAll(ctx context.Context, l location) ([]rbdListed, error) {
 	var all []rbdListed
-	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+	if err := s.on(l).rbdJSON(ctx, &all, "ls", "-l", l.poolSpec()); err != nil {
+		return nil, err
+	}
+	return all, nil
+}
+
+// listImages lists a location's images (no snapshots).
+func (s *Store) listImages(ctx context.Context, l location) ([]rbdListed, error) {
+	all, err := s.listAll(ctx, l)
+	if err != nil {
 		return nil, err
 	}
 	out := all[:0]
@@ -594,25 +657,34 @@ func (s *Store) listImages(ctx context.Context) ([]rbdListed, error) {
 	return out, nil
 }
 
-// List implements backend.ImageStore.
+// List implements backend.ImageStore: the volumes of every location the
+// instance has images in (locations.go). An image is a volume when it
+// carries a volume record: those named with Spindle's own prefix, and any
+// other name (a volumeNamePrefix, an adopted image) whose metadata says so.
 func (s *Store) List(ctx context.Context) ([]*backend.Image, error) {
-	all, err := s.listImages(ctx)
+	locs, err := s.locations(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []*backend.Image
-	for _, e := range all {
-		if !strings.HasPrefix(e.Image, volumePrefix) {
-			continue
-		}
-		img, _, err := s.getImage(ctx, s.spec(e.Image))
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			continue // deleted meanwhile
-		}
+	for _, l := range locs {
+		all, err := s.listImages(ctx, l)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, img)
+		for _, e := range all {
+			if strings.HasPrefix(e.Image, snapPrefix) || strings.HasPrefix(e.Image, tmpPrefix) || !imageNameRe.MatchString(e.Image) {
+				continue
+			}
+			img, _, err := s.getImage(ctx, s.idOf(l.ref(e.Image)))
+			if errdefs.KindOf(err) == errdefs.ErrNotFound {
+				continue // deleted meanwhile, or not a volume
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, img)
+		}
 	}
 	slices.SortFunc(out, func(a, b *backend.Image) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
@@ -620,11 +692,11 @@ func (s *Store) List(ctx context.Context) ([]*backend.Image, error) {
 
 // Expand implements backend.ImageStore.
 func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend.Image, error) {
-	image, err := s.imageOf(id, volumePrefix, "volume")
+	r, err := s.volumeRef(id)
 	if err != nil {
 		return nil, err
 	}
-	defer s.locks.lock(image)()
+	defer s.locks.lock(id)()
 	img, _, err := s.getImage(ctx, id)
 	if err != nil {
 		return nil, err
@@ -638,7 +710,7 @@ func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend
 	if err := s.checkRoom(ctx, newBytes-img.CapacityBytes); err != nil {
 		return nil, err
 	}
-	if _, err := s.c.rbd(ctx, "resize", "--no-progress", "--size", bytesArg(newBytes), s.spec(image)); err != nil {
+	if _, err := s.on(r.location).rbd(ctx, "resize", "--no-progress", "--size", bytesArg(newBytes), r.spec()); err != nil {
 		return nil, err
 	}
 	img, _, err = s.getImage(ctx, id)
@@ -650,11 +722,11 @@ func (s *Store) Modify(ctx context.Context, id string, mutable map[string]string
 	if err := validateMutable(mutable); err != nil {
 		return nil, err
 	}
-	image, err := s.imageOf(id, volumePrefix, "volume")
+	r, err := s.volumeRef(id)
 	if err != nil {
 		return nil, err
 	}
-	defer s.locks.lock(image)()
+	defer s.locks.lock(id)()
 	img, _, err := s.getImage(ctx, id)
 	if err != nil {
 		return nil, err
@@ -667,7 +739,7 @@ func (s *Store) Modify(ctx context.Context, id string, mutable map[string]string
 		merged = map[string]string{}
 	}
 	maps.Copy(merged, mutable)
-	if err := s.setMeta(ctx, image, map[string]string{metaMutable: mustJSON(merged)}); err != nil {
+	if err := s.setMeta(ctx, r, map[string]string{metaMutable: mustJSON(merged)}); err != nil {
 		return nil, err
 	}
 	img.MutableParameters = merged
@@ -703,10 +775,10 @@ type rbdDF struct {
 	} `json:"pools"`
 }
 
-// provisioned sums the sizes of the instance's images (volumes, snapshot
-// copies, images being built).
+// provisioned sums the sizes of the instance's images in its own pool
+// (volumes, snapshot copies, images being built, by Spindle's names).
 func (s *Store) provisioned(ctx context.Context) (int64, error) {
-	all, err := s.listImages(ctx)
+	all, err := s.listImages(ctx, s.ownLocation())
 	if err != nil {
 		return 0, err
 	}
@@ -739,7 +811,7 @@ func (s *Store) checkRoom(ctx context.Context, extra int64) error {
 // "ceph df", capped by what MaxProvisionedBytes leaves.
 func (s *Store) Capacity(ctx context.Context) (backend.Capacity, error) {
 	var df rbdDF
-	out, err := s.c.ceph(ctx, "df", "--format", "json")
+	out, err := s.on(s.ownLocation()).ceph(ctx, "df", "--format", "json")
 	if err != nil {
 		return backend.Capacity{}, err
 	}
@@ -768,7 +840,7 @@ func (s *Store) Capacity(ctx context.Context) (backend.Capacity, error) {
 // Probe implements backend.ImageStore: the pool answers.
 func (s *Store) Probe(ctx context.Context) error {
 	var names []string
-	if err := s.c.rbdJSON(ctx, &names, "ls", s.cfg.Pool); err != nil {
+	if err := s.on(s.ownLocation()).rbdJSON(ctx, &names, "ls", s.cfg.Pool); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pool %s of Ceph cluster %s is not reachable", s.cfg.Pool, s.cfg.ClusterID)
 	}
 	return nil

@@ -47,11 +47,36 @@ type rbdSnapTime struct {
 // The controller runs it when it opens the instance, with the instance's
 // own identity (userID + keyFile, or the configFile's keyring).
 func (s *Store) Sweep(ctx context.Context) ([]string, error) {
-	if s.cfg.UserID == "" && s.cfg.ConfigFile == "" {
-		return nil, errdefs.Precondition("cannot sweep %s for crash leftovers: the backend config names no userID and keyFile (nor a configFile) for the controller's own calls", s.key)
+	if err := s.ownIdentity(); err != nil {
+		return nil, err
 	}
-	var all []rbdListed
-	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+	locs, err := s.maintainedLocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, l := range locs {
+		r, err := s.sweep(ctx, l)
+		removed = append(removed, r...)
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// ownIdentity refuses the instance's own calls (its upkeep) when it has no
+// identity of its own.
+func (s *Store) ownIdentity() error {
+	if s.cfg.UserID == "" && s.cfg.ConfigFile == "" {
+		return errdefs.Precondition("cannot maintain %s (sweep crash leftovers, empty the trash): the backend config names no userID and keyFile (nor a configFile) for the controller's own calls", s.key)
+	}
+	return nil
+}
+
+// sweep sweeps one location.
+func (s *Store) sweep(ctx context.Context, l location) ([]string, error) {
+	all, err := s.listAll(ctx, l)
+	if err != nil {
 		return nil, err
 	}
 	now := s.clock()
@@ -61,14 +86,14 @@ func (s *Store) Sweep(ctx context.Context) ([]string, error) {
 	for _, e := range all {
 		switch {
 		case e.Snapshot == "" && strings.HasPrefix(e.Image, tmpPrefix):
-			ok, err := s.sweepTemporary(ctx, e.Image, now)
+			ok, err := s.sweepTemporary(ctx, l.ref(e.Image), now)
 			if ok {
-				removed = append(removed, s.spec(e.Image))
+				removed = append(removed, l.ref(e.Image).spec())
 			}
 			errs = append(errs, err)
 		case strings.HasPrefix(e.Snapshot, copySnapPrefix) && !strings.HasPrefix(e.Image, tmpPrefix) && !seen[e.Image]:
 			seen[e.Image] = true
-			snaps, err := s.sweepCopySnapshots(ctx, e.Image, now)
+			snaps, err := s.sweepCopySnapshots(ctx, l.ref(e.Image), now)
 			removed = append(removed, snaps...)
 			errs = append(errs, err)
 		}
@@ -85,10 +110,10 @@ func (s *Store) clock() time.Time {
 }
 
 // sweepTemporary removes the temporary image if it is old enough.
-func (s *Store) sweepTemporary(ctx context.Context, image string, now time.Time) (bool, error) {
-	defer s.locks.lock(image)()
+func (s *Store) sweepTemporary(ctx context.Context, r ref, now time.Time) (bool, error) {
+	defer s.locks.lock(s.idOf(r))()
 	var info rbdImage
-	if err := s.c.rbdJSON(ctx, &info, "info", s.spec(image)); err != nil {
+	if err := s.on(r.location).rbdJSON(ctx, &info, "info", r.spec()); err != nil {
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
 			return false, nil // renamed or removed meanwhile
 		}
@@ -96,22 +121,22 @@ func (s *Store) sweepTemporary(ctx context.Context, image string, now time.Time)
 	}
 	at, err := parseRBDTime(info.CreateTimestamp)
 	if err != nil {
-		return false, fmt.Errorf("temporary image %s: create_timestamp %q: %w", s.spec(image), info.CreateTimestamp, err)
+		return false, fmt.Errorf("temporary image %s: create_timestamp %q: %w", r.spec(), info.CreateTimestamp, err)
 	}
 	if now.Sub(at) < LeftoverAge {
 		return false, nil
 	}
-	if err := s.removeNow(ctx, image); err != nil {
-		return false, fmt.Errorf("remove temporary image %s, created %s: %w", s.spec(image), at.Format(time.RFC3339), err)
+	if err := s.removeNow(ctx, r); err != nil {
+		return false, fmt.Errorf("remove temporary image %s, created %s: %w", r.spec(), at.Format(time.RFC3339), err)
 	}
 	return true, nil
 }
 
 // sweepCopySnapshots removes the image's csi-copy-* snapshots that are old
 // enough.
-func (s *Store) sweepCopySnapshots(ctx context.Context, image string, now time.Time) ([]string, error) {
+func (s *Store) sweepCopySnapshots(ctx context.Context, r ref, now time.Time) ([]string, error) {
 	var snaps []rbdSnapTime
-	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+	if err := s.on(r.location).rbdJSON(ctx, &snaps, "snap", "ls", r.spec()); err != nil {
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
 			return nil, nil
 		}
@@ -125,14 +150,14 @@ func (s *Store) sweepCopySnapshots(ctx context.Context, image string, now time.T
 		}
 		at, err := parseRBDTime(sn.Timestamp)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("snapshot %s@%s: timestamp %q: %w", s.spec(image), sn.Name, sn.Timestamp, err))
+			errs = append(errs, fmt.Errorf("snapshot %s: timestamp %q: %w", r.at(sn.Name), sn.Timestamp, err))
 			continue
 		}
 		if now.Sub(at) < LeftoverAge {
 			continue
 		}
-		spec := s.spec(image) + "@" + sn.Name
-		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", spec); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		spec := r.at(sn.Name)
+		if _, err := s.on(r.location).rbd(ctx, "snap", "rm", "--no-progress", spec); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			errs = append(errs, fmt.Errorf("remove copy snapshot %s, taken %s: %w", spec, at.Format(time.RFC3339), err))
 			continue
 		}
@@ -152,32 +177,43 @@ func (s *Store) Reconcile(ctx context.Context) ([]string, error) { return s.Main
 // controller restart, or when the first attempt failed). It returns what
 // it did, for the log.
 func (s *Store) Maintain(ctx context.Context) ([]string, error) {
-	swept, err := s.Sweep(ctx)
-	if errdefs.KindOf(err) == errdefs.ErrPrecondition {
-		return nil, err // no identity of its own: nothing else can run either
+	if err := s.ownIdentity(); err != nil {
+		return nil, err // no identity of its own: nothing can run
 	}
-	purged, perr := s.purgeTrash(ctx)
-	flattening, ferr := s.flattenDeepChains(ctx)
-	return append(append(swept, purged...), flattening...), errors.Join(err, perr, ferr)
+	locs, err := s.maintainedLocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var changed []string
+	var errs []error
+	for _, l := range locs {
+		swept, err := s.sweep(ctx, l)
+		purged, perr := s.purgeTrash(ctx, l)
+		flattening, ferr := s.flattenDeepChains(ctx, l)
+		changed = append(append(append(changed, swept...), purged...), flattening...)
+		errs = append(errs, err, perr, ferr)
+	}
+	return changed, errors.Join(errs...)
 }
 
-// flattenDeepChains queues the flatten of every clone whose recorded depth
-// is beyond MaxCloneDepth and that still has a parent. A flatten already
-// queued is not queued twice.
-func (s *Store) flattenDeepChains(ctx context.Context) ([]string, error) {
-	var all []rbdListed
-	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+// flattenDeepChains queues the flatten of every clone of a location whose
+// recorded depth is beyond MaxCloneDepth and that still has a parent. A
+// flatten already queued is not queued twice.
+func (s *Store) flattenDeepChains(ctx context.Context, l location) ([]string, error) {
+	all, err := s.listAll(ctx, l)
+	if err != nil {
 		return nil, err
 	}
 	var queued []string
 	var errs []error
 	for _, e := range all {
-		if e.Snapshot != "" || e.Parent == nil || !(strings.HasPrefix(e.Image, volumePrefix) || strings.HasPrefix(e.Image, snapPrefix)) {
+		if e.Snapshot != "" || e.Parent == nil || strings.HasPrefix(e.Image, tmpPrefix) {
 			continue
 		}
-		out, err := s.c.rbd(ctx, "image-meta", "get", s.spec(e.Image), metaDepth)
+		r := l.ref(e.Image)
+		out, err := s.on(l).rbd(ctx, "image-meta", "get", r.spec(), metaDepth)
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			continue
+			continue // no clone of Spindle's
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -186,11 +222,11 @@ func (s *Store) flattenDeepChains(ctx context.Context) ([]string, error) {
 		if depth, err := strconv.Atoi(strings.TrimSpace(string(out))); err != nil || depth <= s.cfg.MaxCloneDepth {
 			continue
 		}
-		if err := s.flattenInBackground(ctx, s.spec(e.Image)); err != nil {
-			errs = append(errs, fmt.Errorf("flatten %s: %w", s.spec(e.Image), err))
+		if err := s.flattenInBackground(ctx, r); err != nil {
+			errs = append(errs, fmt.Errorf("flatten %s: %w", r.spec(), err))
 			continue
 		}
-		queued = append(queued, "flattening "+s.spec(e.Image)+" in the background")
+		queued = append(queued, "flattening "+r.spec()+" in the background")
 	}
 	return queued, errors.Join(errs...)
 }

@@ -37,10 +37,11 @@ type mgrTask struct {
 	ID       string `json:"id"`
 	Message  string `json:"message"`
 	Refs     struct {
-		Action    string `json:"action"`
-		PoolName  string `json:"pool_name"`
-		ImageName string `json:"image_name"`
-		ImageID   string `json:"image_id"`
+		Action        string `json:"action"`
+		PoolName      string `json:"pool_name"`
+		PoolNamespace string `json:"pool_namespace"`
+		ImageName     string `json:"image_name"`
+		ImageID       string `json:"image_id"`
 	} `json:"refs"`
 	InProgress   bool     `json:"in_progress"`
 	Progress     *float64 `json:"progress,omitempty"`
@@ -84,26 +85,26 @@ func mgrTasksMissing(err error) bool {
 	return false
 }
 
-// flattenInBackground has the image spec ("pool/image") flattened outside
-// any RPC. A flatten of the image that is already queued is not queued
-// twice (the mgr answers with the existing task; this process keys its
-// own by image).
-func (s *Store) flattenInBackground(ctx context.Context, spec string) error {
-	return s.inBackground(ctx, backend.TaskFlatten, spec,
-		[]string{"rbd", "task", "add", "flatten", spec},
-		[]string{"flatten", "--no-progress", spec})
+// flattenInBackground has the image flattened outside any RPC. A flatten
+// of the image that is already queued is not queued twice (the mgr
+// answers with the existing task; this process keys its own by image).
+func (s *Store) flattenInBackground(ctx context.Context, r ref) error {
+	return s.inBackground(ctx, s.on(r.location), backend.TaskFlatten, s.idOf(r),
+		[]string{"rbd", "task", "add", "flatten", r.spec()},
+		[]string{"flatten", "--no-progress", r.spec()})
 }
 
-// removeInBackground has the trashed image id removed for good.
-func (s *Store) removeInBackground(ctx context.Context, id, name string) error {
-	return s.inBackground(ctx, backend.TaskRemove, s.spec(name),
-		[]string{"rbd", "task", "add", "trash", "remove", s.cfg.Pool + "/" + id},
-		[]string{"trash", "rm", "--no-progress", s.cfg.Pool + "/" + id})
+// removeInBackground has the trashed image id of a location removed for
+// good.
+func (s *Store) removeInBackground(ctx context.Context, l location, id, name string) error {
+	return s.inBackground(ctx, s.on(l), backend.TaskRemove, s.idOf(l.ref(name)),
+		[]string{"rbd", "task", "add", "trash", "remove", l.ref(id).spec()},
+		[]string{"trash", "rm", "--no-progress", l.ref(id).spec()})
 }
 
-func (s *Store) inBackground(ctx context.Context, action, image string, mgrArgs, localArgs []string) error {
+func (s *Store) inBackground(ctx context.Context, k conn, action, image string, mgrArgs, localArgs []string) error {
 	if !s.bg.mgrMissing() {
-		_, err := s.c.ceph(ctx, append(mgrArgs, "--format", "json")...)
+		_, err := k.ceph(ctx, append(mgrArgs, "--format", "json")...)
 		if err == nil || !mgrTasksMissing(err) {
 			return err
 		}
@@ -111,14 +112,14 @@ func (s *Store) inBackground(ctx context.Context, action, image string, mgrArgs,
 		s.bg.noMgr = true
 		s.bg.mu.Unlock()
 	}
-	s.runLocally(ctx, action, image, localArgs)
+	s.runLocally(ctx, k, action, image, localArgs)
 	return nil
 }
 
 // runLocally runs "rbd args" in a goroutine of its own, once per action
 // and image at a time. It keeps the context's values (the request's cephx
 // credentials) but not its deadline or cancellation.
-func (s *Store) runLocally(ctx context.Context, action, image string, args []string) {
+func (s *Store) runLocally(ctx context.Context, k conn, action, image string, args []string) {
 	key := action + " " + image
 	s.bg.mu.Lock()
 	defer s.bg.mu.Unlock()
@@ -131,7 +132,7 @@ func (s *Store) runLocally(ctx context.Context, action, image string, args []str
 	s.bg.local[key] = &backend.Task{Action: action, Image: image, Progress: -1, InProgress: true, Runner: runnerDriver,
 		Message: "rbd " + strings.Join(args, " "), Since: s.clock().UTC().Truncate(time.Second)}
 	go func() {
-		_, err := s.c.rbdBackground(context.WithoutCancel(ctx), args...)
+		_, err := k.rbdBackground(context.WithoutCancel(ctx), args...)
 		s.bg.mu.Lock()
 		defer s.bg.mu.Unlock()
 		if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
@@ -145,13 +146,17 @@ func (s *Store) runLocally(ctx context.Context, action, image string, args []str
 	}()
 }
 
-// Tasks implements backend.TaskReporter: the mgr's tasks on the pool's
-// Spindle images, and those this process runs.
+// Tasks implements backend.TaskReporter: the mgr's tasks on the Spindle
+// images of the instance's own cluster, and those this process runs.
 func (s *Store) Tasks(ctx context.Context) ([]backend.Task, error) {
 	var out []backend.Task
 	if !s.bg.mgrMissing() {
+		locs, err := s.maintainedLocations(ctx)
+		if err != nil {
+			return nil, err
+		}
 		var list []mgrTask
-		raw, err := s.c.ceph(ctx, "rbd", "task", "list", "--format", "json")
+		raw, err := s.on(s.ownLocation()).ceph(ctx, "rbd", "task", "list", "--format", "json")
 		switch {
 		case err == nil:
 			if err := json.Unmarshal(raw, &list); err != nil {
@@ -162,7 +167,7 @@ func (s *Store) Tasks(ctx context.Context) ([]backend.Task, error) {
 			return nil, err
 		}
 		for _, t := range list {
-			if task, ok := s.taskOf(t); ok {
+			if task, ok := s.taskOf(t, locs); ok {
 				out = append(out, task)
 			}
 		}
@@ -178,11 +183,13 @@ func (s *Store) Tasks(ctx context.Context) ([]backend.Task, error) {
 	return out, nil
 }
 
-// taskOf translates one mgr task, if it is one of this store's.
-func (s *Store) taskOf(t mgrTask) (backend.Task, bool) {
-	if t.Refs.PoolName != s.cfg.Pool {
+// taskOf translates one mgr task, if it is on an image in one of locs.
+func (s *Store) taskOf(t mgrTask, locs []location) (backend.Task, bool) {
+	i := slices.IndexFunc(locs, func(l location) bool { return l.pool == t.Refs.PoolName && l.namespace == t.Refs.PoolNamespace })
+	if i < 0 {
 		return backend.Task{}, false
 	}
+	l := locs[i]
 	task := backend.Task{Progress: -1, InProgress: t.InProgress, Runner: runnerMgr, Message: t.Message}
 	if t.Progress != nil {
 		task.Progress = *t.Progress
@@ -195,10 +202,10 @@ func (s *Store) taskOf(t mgrTask) (backend.Task, bool) {
 		if !isSpindleImage(t.Refs.ImageName) {
 			return backend.Task{}, false
 		}
-		task.Action, task.Image = backend.TaskFlatten, s.spec(t.Refs.ImageName)
+		task.Action, task.Image = backend.TaskFlatten, s.idOf(l.ref(t.Refs.ImageName))
 	case mgrTrashRemove:
 		// The mgr names a trashed image by its ID only.
-		task.Action, task.Image = backend.TaskRemove, s.cfg.Pool+"/"+t.Refs.ImageID+" (trash)"
+		task.Action, task.Image = backend.TaskRemove, s.idOf(l.ref(t.Refs.ImageID))+" (trash)"
 	default:
 		return backend.Task{}, false
 	}

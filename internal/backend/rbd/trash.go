@@ -29,45 +29,60 @@ type rbdTrashEntry struct {
 
 // rbdChild is one entry of "rbd children --format json".
 type rbdChild struct {
-	Pool  string `json:"pool"`
-	Image string `json:"image"`
-	Trash bool   `json:"trash"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"pool_namespace"`
+	Image     string `json:"image"`
+	Trash     bool   `json:"trash"`
 }
 
 // remove deletes an unpublished volume or snapshot image: no watchers,
 // locks broken, its own snapshots removed, then to the trash, and its data
 // removed in the background once nothing hangs from it.
-func (s *Store) remove(ctx context.Context, image string, info *rbdImage) error {
-	w, err := s.watchers(ctx, image)
+func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
+	w, err := s.watchers(ctx, r)
 	if err != nil {
 		return err
 	}
 	if len(w) > 0 {
-		return errdefs.Precondition("image %s still has watchers %s: a node still has it mapped (or a client died less than 30 s ago)", s.spec(image), strings.Join(w, ", "))
+		return errdefs.Precondition("image %s still has watchers %s: a node still has it mapped (or a client died less than 30 s ago)", r.spec(), strings.Join(w, ", "))
 	}
-	if err := s.removeLocks(ctx, image); err != nil {
+	if err := s.removeLocks(ctx, r); err != nil {
 		return err
 	}
-	if err := s.dropOwnedSnapshots(ctx, image); err != nil {
+	if err := s.dropOwnedSnapshots(ctx, r); err != nil {
 		return err
 	}
-	if _, err := s.c.rbd(ctx, "trash", "mv", s.spec(image)); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+	if !isSpindleImage(r.image) {
+		// A name of a volumeNamePrefix or snapshotNamePrefix, or an
+		// adopted image's: purgeTrash knows it is Spindle's only by this.
+		if err := s.registerTrashed(ctx, r.location, info.ID, r.image); err != nil {
+			return err
+		}
+	}
+	if _, err := s.on(r.location).rbd(ctx, "trash", "mv", r.spec()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return err
 	}
-	if err := s.removeIfFree(ctx, info.ID, image); err != nil {
+	if err := s.removeIfFree(ctx, r.location, info.ID, r.image); err != nil {
 		return err
 	}
 	// A clone made by an earlier version hung from a protected csi-clone-
 	// snapshot of its own on the source; it goes with the clone's data
 	// (dropLegacyCloneSnapshots).
+	if r.cluster != s.cfg.ClusterID {
+		// The background upkeep (Maintain) holds no credentials for a
+		// cluster of the map: a request that does tidies its location
+		// (images that waited in the trash for clones now gone). Best
+		// effort: the delete itself is done, and the next one retries.
+		_, _ = s.purgeTrash(ctx, r.location)
+	}
 	return nil
 }
 
 // removeIfFree queues the removal of the trashed image id once no clone
 // hangs from it any more (it has no snapshot left, in any namespace).
-func (s *Store) removeIfFree(ctx context.Context, id, name string) error {
+func (s *Store) removeIfFree(ctx context.Context, l location, id, name string) error {
 	var snaps []rbdSnap
-	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", "--all", "--pool", s.cfg.Pool, "--image-id", id); err != nil {
+	if err := s.on(l).rbdJSON(ctx, &snaps, append([]string{"snap", "ls", "--all", "--image-id", id}, poolArgs(l)...)...); err != nil {
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
 			return nil // removed already
 		}
@@ -76,7 +91,16 @@ func (s *Store) removeIfFree(ctx context.Context, id, name string) error {
 	if len(snaps) > 0 {
 		return nil // clones hang from it: purgeTrash comes back for it
 	}
-	return s.removeInBackground(ctx, id, name)
+	return s.removeInBackground(ctx, l, id, name)
+}
+
+// poolArgs name a location for the rbd commands that take an image by ID.
+func poolArgs(l location) []string {
+	args := []string{"--pool", l.pool}
+	if l.namespace != "" {
+		args = append(args, "--namespace", l.namespace)
+	}
+	return args
 }
 
 // dropOwnedSnapshots removes the image's snapshots, all of which must be
@@ -86,21 +110,21 @@ func (s *Store) removeIfFree(ctx context.Context, id, name string) error {
 // snapshot made by an earlier version cannot go while clones hang from it:
 // they are flattened in the background and the delete is refused with
 // ErrBusy until they are.
-func (s *Store) dropOwnedSnapshots(ctx context.Context, image string) error {
+func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref) error {
 	var snaps []rbdSnap
-	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+	if err := s.on(r.location).rbdJSON(ctx, &snaps, "snap", "ls", r.spec()); err != nil {
 		return err
 	}
 	for _, sn := range snaps {
 		if !strings.HasPrefix(sn.Name, cloneSnapPrefix) && !strings.HasPrefix(sn.Name, copySnapPrefix) && sn.Name != snapshotSnap {
-			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", s.spec(image), sn.Name)
+			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", r.spec(), sn.Name)
 		}
 	}
 	var flattening []string
 	for _, sn := range snaps {
-		at := s.spec(image) + "@" + sn.Name
+		at := r.at(sn.Name)
 		if sn.Protected == "true" {
-			busy, err := s.unprotect(ctx, at)
+			busy, err := s.unprotect(ctx, r.location, at)
 			if err != nil {
 				return err
 			}
@@ -109,13 +133,13 @@ func (s *Store) dropOwnedSnapshots(ctx context.Context, image string) error {
 				continue
 			}
 		}
-		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if _, err := s.on(r.location).rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			return err
 		}
 	}
 	if len(flattening) > 0 {
 		return errdefs.Busy("image %s has clones made by an earlier version of Spindle hanging from its protected snapshots: %s are being flattened in the background (see `ceph rbd task list`); retry when that is done",
-			s.spec(image), strings.Join(flattening, ", "))
+			r.spec(), strings.Join(flattening, ", "))
 	}
 	return nil
 }
@@ -123,8 +147,8 @@ func (s *Store) dropOwnedSnapshots(ctx context.Context, image string) error {
 // unprotect unprotects the snapshot at. While clones hang from it (Ceph
 // refuses with EBUSY), it has them flattened in the background and returns
 // them.
-func (s *Store) unprotect(ctx context.Context, at string) ([]string, error) {
-	_, err := s.c.rbd(ctx, "snap", "unprotect", at)
+func (s *Store) unprotect(ctx context.Context, l location, at string) ([]string, error) {
+	_, err := s.on(l).rbd(ctx, "snap", "unprotect", at)
 	if err == nil || strings.Contains(command.Stderr(err), "not protected") {
 		return nil, nil
 	}
@@ -132,21 +156,21 @@ func (s *Store) unprotect(ctx context.Context, at string) ([]string, error) {
 		return nil, err
 	}
 	var children []rbdChild
-	if err := s.c.rbdJSON(ctx, &children, "children", "--all", at); err != nil {
+	if err := s.on(l).rbdJSON(ctx, &children, "children", "--all", at); err != nil {
 		return nil, err
 	}
 	var busy []string
 	for _, ch := range children {
-		spec := ch.Pool + "/" + ch.Image
+		child := location{cluster: l.cluster, pool: ch.Pool, namespace: ch.Namespace}.ref(ch.Image)
 		if ch.Trash {
 			// A deleted clone: it goes with its trash entry.
-			busy = append(busy, spec+" (deleted, being removed)")
+			busy = append(busy, child.spec()+" (deleted, being removed)")
 			continue
 		}
-		if err := s.flattenInBackground(ctx, spec); err != nil {
-			return nil, fmt.Errorf("flatten %s, a clone of %s: %w", spec, at, err)
+		if err := s.flattenInBackground(ctx, child); err != nil {
+			return nil, fmt.Errorf("flatten %s, a clone of %s: %w", child.spec(), at, err)
 		}
-		busy = append(busy, spec)
+		busy = append(busy, child.spec())
 	}
 	if len(busy) == 0 {
 		return nil, err // EBUSY for another reason
@@ -157,48 +181,86 @@ func (s *Store) unprotect(ctx context.Context, at string) ([]string, error) {
 // removeNow removes an image that holds no data worth a background task
 // (a temporary image of a failed create: a fresh clone or an empty image)
 // with its snapshots, at once.
-func (s *Store) removeNow(ctx context.Context, image string) error {
+func (s *Store) removeNow(ctx context.Context, r ref) error {
+	k := s.on(r.location)
 	var snaps []rbdSnap
-	if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(image)); err != nil {
+	if err := k.rbdJSON(ctx, &snaps, "snap", "ls", r.spec()); err != nil {
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
 			return nil
 		}
 		return err
 	}
 	for _, sn := range snaps {
-		at := s.spec(image) + "@" + sn.Name
+		at := r.at(sn.Name)
 		if sn.Protected == "true" {
-			if _, err := s.c.rbd(ctx, "snap", "unprotect", at); err != nil && !strings.Contains(command.Stderr(err), "not protected") {
+			if _, err := k.rbd(ctx, "snap", "unprotect", at); err != nil && !strings.Contains(command.Stderr(err), "not protected") {
 				return err
 			}
 		}
-		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if _, err := k.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			return err
 		}
 	}
-	if _, err := s.c.rbd(ctx, "rm", "--no-progress", s.spec(image)); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+	if _, err := k.rbd(ctx, "rm", "--no-progress", r.spec()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return err
 	}
 	return nil
 }
 
-// purgeTrash queues the removal of every trashed Spindle image that no
-// clone hangs from any more, and drops the protected csi-clone- snapshots
-// that clones made by earlier versions left once those clones are gone.
-// It returns what it queued or removed.
-func (s *Store) purgeTrash(ctx context.Context) ([]string, error) {
+// trashedObject is the RADOS object, in each location, whose omap keys are
+// the IDs of the images Spindle moved to the trash under a name that is
+// not one of its own prefixes (a volumeNamePrefix, a snapshotNamePrefix,
+// an adopted image): a trash entry keeps only the name and the ID, and
+// another user's trashed image must never be purged.
+const trashedObject = "spindle.trashed"
+
+// registerTrashed records that the image id (named name) is Spindle's,
+// before it moves to the trash.
+func (s *Store) registerTrashed(ctx context.Context, l location, id, name string) error {
+	args := append(poolArgs(l), "setomapval", trashedObject, id, name)
+	if _, err := s.on(l).cli(ctx, "rados", args...); err != nil {
+		return fmt.Errorf("record %s (%s) as Spindle's before it goes to the trash: %w", l.ref(name).spec(), id, err)
+	}
+	return nil
+}
+
+// registeredTrashed lists the IDs registerTrashed recorded in l.
+func (s *Store) registeredTrashed(ctx context.Context, l location) (map[string]bool, error) {
+	out, err := s.on(l).cli(ctx, "rados", append(poolArgs(l), "listomapkeys", trashedObject)...)
+	// No such object: nothing was recorded (rados exits 1 whatever failed).
+	if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound && !strings.Contains(command.Stderr(err), "No such file or directory") {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	for _, id := range strings.Fields(string(out)) {
+		ids[id] = true
+	}
+	return ids, nil
+}
+
+// purgeTrash queues the removal of every trashed Spindle image of a
+// location that no clone hangs from any more, and drops the protected
+// csi-clone- snapshots that clones made by earlier versions left once
+// those clones are gone. It returns what it queued or removed.
+func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 	var entries []rbdTrashEntry
-	if err := s.c.rbdJSON(ctx, &entries, "trash", "ls", s.cfg.Pool); err != nil {
+	if err := s.on(l).rbdJSON(ctx, &entries, "trash", "ls", l.poolSpec()); err != nil {
+		return nil, err
+	}
+	registered, err := s.registeredTrashed(ctx, l)
+	if err != nil {
 		return nil, err
 	}
 	var changed []string
 	var errs []error
+	inTrash := map[string]bool{}
 	for _, e := range entries {
-		if !isSpindleImage(e.Name) {
+		inTrash[e.ID] = true
+		if !isSpindleImage(e.Name) && !registered[e.ID] {
 			continue
 		}
 		var snaps []rbdSnap
-		if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", "--all", "--pool", s.cfg.Pool, "--image-id", e.ID); err != nil {
+		if err := s.on(l).rbdJSON(ctx, &snaps, append([]string{"snap", "ls", "--all", "--image-id", e.ID}, poolArgs(l)...)...); err != nil {
 			if errdefs.KindOf(err) != errdefs.ErrNotFound {
 				errs = append(errs, err)
 			}
@@ -207,13 +269,22 @@ func (s *Store) purgeTrash(ctx context.Context) ([]string, error) {
 		if len(snaps) > 0 {
 			continue
 		}
-		if err := s.removeInBackground(ctx, e.ID, e.Name); err != nil {
-			errs = append(errs, fmt.Errorf("remove trashed image %s (%s): %w", s.spec(e.Name), e.ID, err))
+		if err := s.removeInBackground(ctx, l, e.ID, e.Name); err != nil {
+			errs = append(errs, fmt.Errorf("remove trashed image %s (%s): %w", l.ref(e.Name).spec(), e.ID, err))
 			continue
 		}
-		changed = append(changed, "removing trashed image "+s.spec(e.Name)+" ("+e.ID+")")
+		changed = append(changed, "removing trashed image "+l.ref(e.Name).spec()+" ("+e.ID+")")
 	}
-	dropped, err := s.dropLegacyCloneSnapshots(ctx)
+	// The records of images that left the trash (removed) go too.
+	for id := range registered {
+		if inTrash[id] {
+			continue
+		}
+		if _, err := s.on(l).cli(ctx, "rados", append(poolArgs(l), "rmomapkey", trashedObject, id)...); err != nil {
+			errs = append(errs, fmt.Errorf("forget removed image %s in %s: %w", id, l, err))
+		}
+	}
+	dropped, err := s.dropLegacyCloneSnapshots(ctx, l)
 	return append(changed, dropped...), errors.Join(append(errs, err)...)
 }
 
@@ -222,20 +293,21 @@ func (s *Store) purgeTrash(ctx context.Context) ([]string, error) {
 // clone, once the clone is gone, and those a crash left between the
 // snapshot and its clone (older than LeftoverAge, so that a Create still
 // running keeps its own).
-func (s *Store) dropLegacyCloneSnapshots(ctx context.Context) ([]string, error) {
-	var all []rbdListed
-	if err := s.c.rbdJSON(ctx, &all, "ls", "-l", s.cfg.Pool); err != nil {
+func (s *Store) dropLegacyCloneSnapshots(ctx context.Context, l location) ([]string, error) {
+	all, err := s.listAll(ctx, l)
+	if err != nil {
 		return nil, err
 	}
+	k := s.on(l)
 	var dropped []string
 	var errs []error
 	for _, e := range all {
 		if !strings.HasPrefix(e.Snapshot, cloneSnapPrefix) || !strings.HasPrefix(e.Image, volumePrefix) {
 			continue
 		}
-		at := s.spec(e.Image) + "@" + e.Snapshot
+		at := l.ref(e.Image).at(e.Snapshot)
 		var children []rbdChild
-		if err := s.c.rbdJSON(ctx, &children, "children", "--all", at); err != nil {
+		if err := k.rbdJSON(ctx, &children, "children", "--all", at); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -244,7 +316,7 @@ func (s *Store) dropLegacyCloneSnapshots(ctx context.Context) ([]string, error) 
 		}
 		if e.Protected != "true" {
 			var snaps []rbdSnapTime
-			if err := s.c.rbdJSON(ctx, &snaps, "snap", "ls", s.spec(e.Image)); err != nil {
+			if err := k.rbdJSON(ctx, &snaps, "snap", "ls", l.ref(e.Image).spec()); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -253,12 +325,12 @@ func (s *Store) dropLegacyCloneSnapshots(ctx context.Context) ([]string, error) 
 			}
 		}
 		if e.Protected == "true" {
-			if _, err := s.unprotect(ctx, at); err != nil {
+			if _, err := s.unprotect(ctx, l, at); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 		}
-		if _, err := s.c.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if _, err := k.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			errs = append(errs, err)
 			continue
 		}

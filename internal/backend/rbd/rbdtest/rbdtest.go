@@ -39,19 +39,23 @@ const OSDBytes = 6 << 30
 
 // Cluster is the running test cluster.
 type Cluster struct {
-	Dir      string // everything of the cluster
-	Conf     string // its ceph.conf (mon host, admin keyring)
-	Monitor  string // "127.0.0.1:<msgr2 port>"
-	Pool     string
-	User     string // "admin"
-	Key      string // client.admin's key, for CSI secrets
-	KeyFile  string // a 0600 file holding Key
-	HackDir  string // the repository's hack/
-	Mounter  string // how the tests map images (EnvMounter)
-	external bool   // EnvCephDir's cluster: not started or stopped here
-	StartUp  time.Duration
-	stopped  bool
-	upOutput string
+	Dir     string // everything of the cluster
+	Conf    string // its ceph.conf (mon host, admin keyring)
+	Monitor string // "127.0.0.1:<msgr2 port>"
+	// MonitorV1 is the same monitor's msgr1 address ("v1:127.0.0.1:<port>"):
+	// another address of the same Ceph, for the tests that move a monitor.
+	// Empty for an EnvCephDir cluster.
+	MonitorV1 string
+	Pool      string
+	User      string // "admin"
+	Key       string // client.admin's key, for CSI secrets
+	KeyFile   string // a 0600 file holding Key
+	HackDir   string // the repository's hack/
+	Mounter   string // how the tests map images (EnvMounter)
+	external  bool   // EnvCephDir's cluster: not started or stopped here
+	StartUp   time.Duration
+	stopped   bool
+	upOutput  string
 }
 
 var (
@@ -157,6 +161,7 @@ func start() (*Cluster, error) {
 		return nil, fmt.Errorf("pick monitor ports: %w", err)
 	}
 	c.Monitor = "127.0.0.1:" + strconv.Itoa(v2)
+	c.MonitorV1 = "v1:127.0.0.1:" + strconv.Itoa(v1)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
