@@ -15,6 +15,7 @@
 #       (then: go test ./e2e/multinode/ with the SPINDLE_E2E_* it prints)
 #   hack/local-cluster/multinode.sh install (re)install the chart on it
 #   hack/local-cluster/multinode.sh down    stop it all
+#   TESTS=REGEXP (optional): only the tests go test -run REGEXP selects
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/local-cluster/env.sh
@@ -269,7 +270,7 @@ up
 
 t=$SECONDS
 out=$(mktemp)
-env "${TEST_ENV[@]}" go test -count=1 -v -timeout 90m ./e2e/multinode/ 2>&1 | tee "$out"
+env "${TEST_ENV[@]}" go test -count=1 -v -timeout 90m ${TESTS:+-run "$TESTS"} ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
 read -r peak qpeak <"$memory"
 echo "multinode: peak memory in use on this machine: $peak MiB, of which the workers' qemu: $qpeak MiB"
