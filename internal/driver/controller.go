@@ -292,10 +292,17 @@ func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVol
 	defer release()
 	// An encrypted volume's key goes first, once nothing holds the volume:
 	// deleting the image first could leave a key no retry finds again.
-	if img, err := inst.Store.Get(ctx, id.Image); err == nil && img.Encryption != nil && len(img.Attachments) == 0 {
+	// An image already gone is the backend's Delete to answer; any other
+	// failure to read it is this call's answer (trying the delete anyway
+	// would spend a second timeout on a cluster that did not answer).
+	img, err := inst.Store.Get(ctx, id.Image)
+	switch {
+	case err == nil && img.Encryption != nil && len(img.Attachments) == 0:
 		if err := s.d.forgetKey(ctx, img.Encryption); err != nil {
 			return nil, err
 		}
+	case err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound:
+		return nil, err
 	}
 	if err := inst.Store.Delete(ctx, id.Image); err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
+	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/kms/kmstest"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
@@ -429,5 +430,58 @@ func TestEncryptedVolumeWithVault(t *testing.T) {
 	t.Logf("with the server stopped, NodeStageVolume answers: %v", err)
 	if len(e.loops[defaultKey].Devices) != 0 || len(e.host.Calls) != 0 {
 		t.Fatalf("a stage without its KMS attached %v and did %v", e.loops[defaultKey].Devices, e.host.Calls)
+	}
+}
+
+// unreadableStore is a store whose cluster stops answering reads: Get
+// fails, and Delete counts the calls that reach it.
+type unreadableStore struct {
+	backend.ImageStore
+	deletes int
+}
+
+func (s *unreadableStore) Get(context.Context, string) (*backend.Image, error) {
+	return nil, errdefs.Unavailable("the cluster did not answer")
+}
+
+func (s *unreadableStore) Delete(ctx context.Context, imageID string) error {
+	s.deletes++
+	return s.ImageStore.Delete(ctx, imageID)
+}
+
+// DeleteVolume reads the image before it deletes it (an encrypted one's
+// key goes first): a read that fails is the answer, with the image and its
+// key untouched, and no second call to a cluster that did not answer. A
+// plain volume is treated the same: its record could say it is encrypted.
+func TestDeleteVolumeAnswersAFailedRead(t *testing.T) {
+	for _, params := range []map[string]string{{"encrypted": "true"}, nil} {
+		e := newTestEnv(t)
+		resp, err := e.CreateVolume(encryptedCreateReq("pvc-unreadable", params))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := resp.GetVolume().GetVolumeId()
+		inst := e.d.instances[defaultKey]
+		store := inst.Store
+		unreadable := &unreadableStore{ImageStore: store}
+		inst.Store = unreadable
+		wantCode(t, e.DeleteVolume(id), codes.Unavailable, "the cluster did not answer")
+		inst.Store = store
+		if unreadable.deletes != 0 {
+			t.Errorf("encrypted=%q: Delete reached the store %d times after its read failed", params["encrypted"], unreadable.deletes)
+		}
+		img, err := store.Get(context.Background(), strings.TrimPrefix(id, defaultKey+"/"))
+		if err != nil {
+			t.Fatalf("encrypted=%q: the image is gone after a failed DeleteVolume: %v", params["encrypted"], err)
+		}
+		if params != nil && img.Encryption == nil {
+			t.Errorf("the image lost its key after a failed DeleteVolume")
+		}
+		if err := e.DeleteVolume(id); err != nil {
+			t.Fatalf("encrypted=%q: DeleteVolume once the store answers: %v", params["encrypted"], err)
+		}
+		if _, err := store.Get(context.Background(), strings.TrimPrefix(id, defaultKey+"/")); errdefs.KindOf(err) != errdefs.ErrNotFound {
+			t.Errorf("encrypted=%q: after DeleteVolume Get says %v, want not found", params["encrypted"], err)
+		}
 	}
 }
