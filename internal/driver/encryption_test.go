@@ -485,3 +485,55 @@ func TestDeleteVolumeAnswersAFailedRead(t *testing.T) {
 		}
 	}
 }
+
+// unreadableSnapshots is unreadableStore's counterpart for snapshots.
+type unreadableSnapshots struct {
+	backend.Snapshotter
+	deletes int
+}
+
+func (s *unreadableSnapshots) GetSnapshot(context.Context, string) (*backend.Snapshot, error) {
+	return nil, errdefs.Unavailable("the cluster did not answer")
+}
+
+func (s *unreadableSnapshots) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	s.deletes++
+	return s.Snapshotter.DeleteSnapshot(ctx, snapshotID)
+}
+
+// DeleteSnapshot, like DeleteVolume, answers a failed read of the snapshot
+// with it and its key untouched.
+func TestDeleteSnapshotAnswersAFailedRead(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	resp, err := e.CreateVolume(encryptedCreateReq("pvc-snap-unreadable", map[string]string{"encrypted": "true"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapResp, err := call(e, "/csi.v1.Controller/CreateSnapshot", e.cs.CreateSnapshot,
+		&csi.CreateSnapshotRequest{Name: "snap-unreadable", SourceVolumeId: resp.GetVolume().GetVolumeId(), Secrets: testSecrets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snapResp.GetSnapshot().GetSnapshotId()
+	inst := e.d.instances[defaultKey]
+	snaps := inst.Snapshots
+	unreadable := &unreadableSnapshots{Snapshotter: snaps}
+	inst.Snapshots = unreadable
+	_, err = call(e, "/csi.v1.Controller/DeleteSnapshot", e.cs.DeleteSnapshot, &csi.DeleteSnapshotRequest{SnapshotId: snapID})
+	inst.Snapshots = snaps
+	wantCode(t, err, codes.Unavailable, "the cluster did not answer")
+	if unreadable.deletes != 0 {
+		t.Errorf("DeleteSnapshot reached the store %d times after its read failed", unreadable.deletes)
+	}
+	snap, err := snaps.GetSnapshot(ctx, strings.TrimPrefix(snapID, defaultKey+"/"))
+	if err != nil || snap.Encryption == nil {
+		t.Fatalf("after a failed DeleteSnapshot: snapshot %+v, %v; want it with its key", snap, err)
+	}
+	if _, err := call(e, "/csi.v1.Controller/DeleteSnapshot", e.cs.DeleteSnapshot, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {
+		t.Fatalf("DeleteSnapshot once the store answers: %v", err)
+	}
+	if _, err := snaps.GetSnapshot(ctx, strings.TrimPrefix(snapID, defaultKey+"/")); errdefs.KindOf(err) != errdefs.ErrNotFound {
+		t.Errorf("after DeleteSnapshot GetSnapshot says %v, want not found", err)
+	}
+}

@@ -103,10 +103,15 @@ func (s *controllerService) DeleteSnapshot(ctx context.Context, req *csi.DeleteS
 		return nil, err
 	}
 	defer release()
-	if snap, err := snaps.GetSnapshot(ctx, id.Image); err == nil && snap.Encryption != nil {
+	// The key first, as DeleteVolume does, and a failed read is the answer.
+	snap, err := snaps.GetSnapshot(ctx, id.Image)
+	switch {
+	case err == nil && snap.Encryption != nil:
 		if err := s.d.forgetKey(ctx, snap.Encryption); err != nil {
 			return nil, err
 		}
+	case err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound:
+		return nil, err
 	}
 	if err := snaps.DeleteSnapshot(ctx, id.Image); err != nil {
 		return nil, err
