@@ -17,10 +17,11 @@ FROM debian:trixie-slim
 # losetup, blkid, mount, findmnt; open-iscsi: iscsiadm; ceph-common: rbd;
 # rbd-nbd and rbd-fuse: the other two RBD mounters; kmod: modprobe, with
 # which the node plugin loads rbd, nbd or iscsi_tcp (mount the host's
-# /lib/modules); tgt: tgtadm, for a controller that manages a tgt target.
+# /lib/modules); tgt: tgtadm, for a controller that manages a tgt target;
+# cryptsetup-bin and dmsetup: encrypted volumes (dm-crypt, LUKS2).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod tgt ca-certificates \
+       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod tgt cryptsetup-bin dmsetup ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/spindle /usr/local/bin/spindle
 ENTRYPOINT ["/usr/local/bin/spindle"]

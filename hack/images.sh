@@ -47,12 +47,14 @@ imagetar() { (cd "$REPO" && go run ./hack/imagetar "$@"); }
 # k8s.io/mount-utils), with what they need at run time; and the kernel
 # attach paths' tools (iscsiadm, rbd for krbd, rbd-nbd, rbd-fuse, modprobe
 # for their modules) and the controller's tgtadm (an iSCSI backend on tgt),
-# as the Dockerfile installs them.
+# cryptsetup and dmsetup for encrypted volumes, as the Dockerfile installs them.
+# date: `rbd trash mv` (DeleteVolume of an RBD volume) runs /bin/date to
+# read its --expires-at, and fails without it (Debian's slim image has it).
 PROGRAMS=(losetup blkid wipefs mount umount findmnt mountpoint lsblk blockdev
   mkfs mkfs.ext4 mke2fs resize2fs e2fsck fsck fsck.ext4 dumpe2fs tune2fs
   mkfs.xfs xfs_growfs xfs_info xfs_spaceman xfs_db xfs_repair
-  mkfs.btrfs btrfs stat sync sh
-  iscsiadm rbd rbd-nbd rbd-fuse modprobe tgtadm)
+  mkfs.btrfs btrfs stat sync sh date
+  iscsiadm rbd rbd-nbd rbd-fuse modprobe tgtadm cryptsetup dmsetup)
 FILES=(/etc/mke2fs.conf)
 
 driver() {

@@ -63,6 +63,10 @@ declare -A needs=(
   [iscsiadm]=open-iscsi
   [rbd-nbd]=rbd-nbd
   [modprobe]=kmod
+  # encrypted volumes: cryptsetup (LUKS2 headers; the node tests run it on
+  # a file) and dmsetup (whether the kernel has dm-crypt)
+  [cryptsetup]=cryptsetup-bin
+  [dmsetup]=dmsetup
 )
 
 # file -> Debian package, for what is not a program on PATH

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -875,20 +874,11 @@ func (p *proxyController) Adopt(ctx context.Context, req opsapi.AdoptRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
+	var out opsapi.AdoptedVolume
+	if err := p.proxy.postJSON(ctx, pod, port, opsapi.PathAdopt, adoptRequestTimeout, req, &out); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(p.proxy.timeout, adoptRequestTimeout))
-	defer cancel()
-	var status int
-	raw, err := p.proxy.kube.CoreV1().RESTClient().Post().Namespace(pod.Namespace).Resource("pods").
-		Name(pod.Name+":"+strconv.Itoa(port)).SubResource("proxy").Suffix(opsapi.PathAdopt).
-		SetHeader("Content-Type", "application/json").Body(body).Do(ctx).StatusCode(&status).Raw()
-	if status == 0 || status == http.StatusForbidden && !isAdoptAnswer(raw) {
-		return nil, asPermissionError(err, "create", "pods/proxy", pod.Namespace)
-	}
-	return adoptAnswer(status, raw)
+	return &out, nil
 }
 
 // httpAdopter posts to --controller-url.
@@ -898,54 +888,16 @@ type httpAdopter struct {
 }
 
 func (h *httpAdopter) Adopt(ctx context.Context, req opsapi.AdoptRequest) (*opsapi.AdoptedVolume, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adoptRequestTimeout)
-	defer cancel()
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(h.url)+opsapi.PathAdopt, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	r.Header.Set("Content-Type", "application/json")
-	resp, err := h.client.Do(r)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	return adoptAnswer(resp.StatusCode, raw)
-}
-
-// adoptRequestTimeout bounds one adopt request; the controller gives it a
-// minute.
-const adoptRequestTimeout = 90 * time.Second
-
-// adoptAnswer decodes the controller's answer.
-func adoptAnswer(status int, raw []byte) (*opsapi.AdoptedVolume, error) {
-	if status != http.StatusOK {
-		var e opsapi.AdoptError
-		if json.Unmarshal(raw, &e) == nil && e.Error != "" {
-			return nil, fmt.Errorf("HTTP %d: %s", status, e.Error)
-		}
-		return nil, fmt.Errorf("HTTP %d: %s", status, strings.TrimSpace(string(raw)))
-	}
 	var out opsapi.AdoptedVolume
-	if err := json.Unmarshal(raw, &out); err != nil {
+	if err := postJSON(ctx, h.client, baseURL(h.url)+opsapi.PathAdopt, adoptRequestTimeout, req, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
-// isAdoptAnswer tells the controller's error body from the API server's.
-func isAdoptAnswer(raw []byte) bool {
-	var e opsapi.AdoptError
-	return json.Unmarshal(raw, &e) == nil && e.Error != "" && !bytes.Contains(raw, []byte(`"kind":"Status"`))
-}
+// adoptRequestTimeout bounds one adopt request; the controller gives it a
+// minute.
+const adoptRequestTimeout = 90 * time.Second
 
 // errNoAdopter: the clients have no way to the controller.
 var errNoAdopter = errors.New("adopt cannot reach the controller")

@@ -296,6 +296,14 @@ func TestAdoptRefuses(t *testing.T) {
 			_ = kube.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), "db", "pg-0")
 			_ = kube.Tracker().Delete(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), "", va("pvc-1111", "worker-1", attached).Name)
 		}, nil, []string{"10.0.0.9:0/1234"}, "is open by 10.0.0.9:0/1234, but no pod uses claim db/data and PV pvc-1111 is attached to no node"},
+		// ceph-csi's class said encrypted: its PV's attributes carry it,
+		// and the controller's dry run refuses the image (static.go).
+		{"ceph-csi encrypted it", func(kube *fake.Clientset) {
+			pv, _ := kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-1111", metav1.GetOptions{})
+			pv.Spec.CSI.VolumeAttributes["encrypted"] = "true"
+			pv.Spec.CSI.VolumeAttributes["encryptionKMSID"] = "vault"
+			_, _ = kube.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
+		}, errors.New(`HTTP 400: handle "0001-0009-rook-ceph-0000000000000002-6b9f": its volume attributes say encrypted "true", but Spindle opens only the encrypted volumes it created`), nil, "opens only the encrypted volumes it created"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			kube := cephCSICluster(t)

@@ -18,7 +18,9 @@ It uses the kubeconfig and flags as kubectl does, and reaches the driver's
 node plugins and controller through the API server's pod proxy: it needs
 "get" on pods/proxy in the driver's namespace, besides reading (get, list)
 PVs, PVCs, VolumeAttachments, Nodes, CSINodes, Pods and Events.
-It only reads, except adopt (see kubectl spindle adopt --help).`
+It only reads, except rotate-key, which needs "create" on pods/proxy and
+"get" on the Secret the volume's PV names for NodeStageVolume, and adopt
+(see kubectl spindle adopt --help).`
 
 // errNoCommand: `kubectl spindle` alone prints the help and fails, as a
 // script that forgot the command should.
@@ -61,9 +63,9 @@ func newRootCommand(stdout, stderr io.Writer, makeClients func(options) (*client
 	// Every command takes these, as before the plugin had subcommands, so
 	// that scripts may give the same flags to each.
 	c.addReachFlags(flags)
-	flags.StringVar(&c.o.controllerURL, "controller-url", "", "doctor and adopt: the controller's metrics address (http://HOST:PORT), reached directly instead of through the API server")
+	flags.StringVar(&c.o.controllerURL, "controller-url", "", "doctor, adopt and rotate-key: the controller's metrics address (http://HOST:PORT), reached directly instead of through the API server")
 	flags.DurationVar(&c.o.stuckAfter, "stuck-after", 5*time.Minute, "doctor: how old an attach or detach error, or an unfinished detach, must be to count as stuck")
-	root.AddCommand(c.volumesCommand(), c.describeCommand(), c.doctorCommand(), c.adoptCommand())
+	root.AddCommand(c.volumesCommand(), c.describeCommand(), c.doctorCommand(), c.rotateKeyCommand(), c.adoptCommand())
 	return root
 }
 
@@ -142,6 +144,41 @@ path and the mount on each node, as that node's plugin reports them.`,
 		},
 	}
 	return cmd
+}
+
+func (c *command) rotateKeyCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rotate-key PVC|pvc/NAME|pv/NAME|VOLUME-ID",
+		Short: "give an encrypted volume a new key while it is in use",
+		Long: `rotate-key replaces the passphrase of an encrypted volume (StorageClass
+parameter encrypted: "true") while pods use it: the controller makes a new
+random passphrase and has the volume's KMS wrap it, the node that stages the
+volume adds it to a free LUKS keyslot, proves it opens the volume, and
+destroys the old keyslot; the controller then records the new key. The data
+and the volume key do not change, so nothing is unmounted. A rotation that
+stopped part-way is finished by running rotate-key again.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return errors.New("rotate-key takes one PVC, PV or volume ID")
+			}
+			return nil
+		},
+		ValidArgsFunction: c.completeVolume,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.makeClients(c.o)
+			if err != nil {
+				return err
+			}
+			if cl.rotator == nil {
+				return errors.New("rotate-key cannot reach the driver's endpoints")
+			}
+			r, err := RotateKey(cmd.Context(), cl.kube, c.o.driver, cl.namespace, args[0], cl.rotator)
+			if err != nil {
+				return err
+			}
+			return c.report(r, func(w io.Writer) { printRotated(w, r) }, exitOK)
+		},
+	}
 }
 
 func (c *command) adoptCommand() *cobra.Command {

@@ -24,10 +24,12 @@ func TestRunHelpAndCompletion(t *testing.T) {
 		args []string
 		want []string // in stdout
 	}{
-		{[]string{"--help"}, []string{"kubectl spindle", "volumes", "describe", "doctor", "completion",
+		{[]string{"--help"}, []string{"kubectl spindle", "volumes", "describe", "doctor", "rotate-key", "adopt", "completion",
 			"--kubeconfig", "--context", "--as", "--token", "--server", "--request-timeout", "-n, --namespace", "-o, --output"}},
 		{[]string{"volumes", "--help"}, []string{"-A, --all-namespaces"}},
 		{[]string{"doctor", "--help"}, []string{"--node-address", "--controller-url", "--driver-namespace", "--stuck-after", "exits 1 when it found problems"}},
+		{[]string{"rotate-key", "--help"}, []string{"rotate-key PVC|pvc/NAME|pv/NAME|VOLUME-ID", "free LUKS keyslot"}},
+		{[]string{"adopt", "--help"}, []string{"adopt pvc/NAME", "--dry-run", "--storage-class", "--secret"}},
 		{[]string{"completion", "bash"}, []string{"bash completion", "kubectl-spindle"}},
 		{[]string{"completion", "zsh"}, []string{"#compdef kubectl-spindle"}},
 		{[]string{"__complete", "describe", ""}, []string{"data-a\n", "pv/pvc-a\n", ":4\n"}},

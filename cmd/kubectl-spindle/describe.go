@@ -337,6 +337,9 @@ func printDescription(w io.Writer, d *Description, now time.Time) {
 		}
 		if s := n.Staged; s != nil {
 			fmt.Fprintf(w, "  device:       %s (%s)\n", s.Device, s.DeviceState)
+			if s.Encrypted {
+				fmt.Fprintf(w, "  encrypted:    LUKS2, dm-crypt mapping %s (%s)\n", s.CryptMapping, s.MapperDevice)
+			}
 			fmt.Fprintf(w, "  staging path: %s\n", s.StagingPath)
 			if s.AccessType == "block" {
 				fmt.Fprintln(w, "  mount:        block volume (nothing mounted at the staging path)")

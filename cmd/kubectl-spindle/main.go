@@ -2,7 +2,8 @@
 // kubectl plugin (`kubectl spindle ...`): every PV of the driver with its
 // attachments (volumes), the whole chain from a claim to the device on the
 // node (describe), and what is stuck or leaked (doctor); these only read.
-// adopt moves a claim of ceph-csi's RBD driver onto Spindle in place.
+// rotate-key changes an encrypted volume's key while it is in use; adopt
+// moves a claim of ceph-csi's RBD driver onto Spindle in place.
 // It reaches the driver's node plugins and controller through the API
 // server's pod proxy, with the user's own credentials and kubectl's flags.
 package main
@@ -62,6 +63,7 @@ type clients struct {
 	namespace  string // the namespace -n or the kubeconfig context says
 	nodes      NodePlugins
 	controller Controller // nil: images are not checked
+	rotator    KeyRotator
 	adopter    AdoptController
 	now        time.Time
 }
@@ -137,6 +139,9 @@ func realClients(o options) (*clients, error) {
 		c.controller = &httpController{client: httpClient, url: o.controllerURL}
 		c.adopter = &httpAdopter{client: &http.Client{}, url: o.controllerURL}
 	}
+	// A rotation's steps are bounded by rotationTimeout, not the reads' timeout.
+	c.rotator = &rotator{client: &http.Client{}, nodes: c.nodes.(*nodePlugins), controller: o.controllerURL,
+		pods: pods, proxy: proxy, nodePort: o.nodePort, ctrlPort: o.controllerPort}
 	return c, nil
 }
 

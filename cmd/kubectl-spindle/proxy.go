@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"regexp"
 	"sort"
 	"strconv"
@@ -355,4 +358,80 @@ func (p *proxyController) Images(ctx context.Context) (*opsapi.Images, error) {
 		return nil, fmt.Errorf("controller (pod %s/%s, through the API server): %w", pod.Namespace, pod.Name, err)
 	}
 	return &imgs, nil
+}
+
+// answerOf decodes a driver's answer: out on 200, its {"error"} otherwise.
+func answerOf(status int, body []byte, out any) error {
+	if status != http.StatusOK {
+		var e opsapi.Error
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return fmt.Errorf("HTTP %d: %s", status, e.Error)
+		}
+		return fmt.Errorf("HTTP %d: %s", status, strings.TrimSpace(string(body)))
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(body, out)
+}
+
+// postJSON POSTs in to a driver's endpoint at url (--controller-url, a
+// node's direct address) within timeout and decodes its answer into out.
+func postJSON(ctx context.Context, client *http.Client, url string, timeout time.Duration, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	data, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("POST %s: %w", url, err)
+	}
+	if err := answerOf(resp.StatusCode, body, out); err != nil {
+		return fmt.Errorf("POST %s: %w", url, err)
+	}
+	return nil
+}
+
+// postJSON POSTs to a pod's endpoint through the API server's proxy
+// within timeout (or the request timeout, when longer): it needs "create"
+// on pods/proxy.
+func (pp *podProxy) postJSON(ctx context.Context, pod *corev1.Pod, port int, path string, timeout time.Duration, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, max(pp.timeout, timeout))
+	defer cancel()
+	data, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	var status int
+	body, err := pp.kube.CoreV1().RESTClient().Post().Namespace(pod.Namespace).Resource("pods").
+		Name(pod.Name+":"+strconv.Itoa(port)).SubResource("proxy").Suffix(path).
+		SetHeader("Content-Type", "application/json").Body(data).Do(ctx).StatusCode(&status).Raw()
+	if err != nil && status == 0 {
+		return asPermissionError(err, "create", "pods/proxy", pod.Namespace)
+	}
+	if status == http.StatusForbidden && !isDriverAnswer(body) {
+		return asPermissionError(err, "create", "pods/proxy", pod.Namespace)
+	}
+	if err := answerOf(status, body, out); err != nil {
+		return fmt.Errorf("pod %s/%s port %d %s: %w", pod.Namespace, pod.Name, port, path, err)
+	}
+	return nil
+}
+
+// isDriverAnswer tells the driver's own error body from the API server's.
+func isDriverAnswer(body []byte) bool {
+	var e opsapi.Error
+	return json.Unmarshal(body, &e) == nil && e.Error != ""
 }

@@ -235,7 +235,12 @@ func formatMap(m map[string]string) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, k+"="+m[k])
+		v := m[k]
+		if strings.HasPrefix(k, "encryption") && strings.HasSuffix(k, "WrappedKey") {
+			// An encrypted volume's wrapped key: long, and of no use to read.
+			v = fmt.Sprintf("(wrapped, %d bytes)", len(v))
+		}
+		parts = append(parts, k+"="+v)
 	}
 	return strings.Join(parts, ",")
 }

@@ -19,6 +19,7 @@ import (
 	// The backends register their config decoders, which config.LoadFile needs.
 	_ "github.com/spindle-csi/spindle/internal/backend/all"
 	"github.com/spindle-csi/spindle/internal/config"
+	"github.com/spindle-csi/spindle/internal/kms"
 )
 
 // want is what a rendering must show, from its values.
@@ -40,6 +41,9 @@ type want struct {
 	iscsiPools []string
 	// secretNames are the Secrets the controller may read (resourceNames).
 	secretNames []string
+	// kmsIDs are the encryptionKMSIDs the driver has (kms.json, with the
+	// built-in "secrets"); nil: no --kms-config.
+	kmsIDs []string
 }
 
 var defaults = want{
@@ -86,6 +90,10 @@ func renderings() []struct {
 		}, want: with(func(w *want) {
 			w.kubeletDir, w.registration, w.liveness, w.apiServer, w.pullPolicy = "/data/kubelet", "driver", false, "10.1.2.3:8443", corev1.PullAlways
 		})},
+		{name: "a Vault KMS", sets: []string{
+			"kms.vault-a.encryptionKMSType=vaulttransit", "kms.vault-a.vaultAddress=https://vault.example:8200",
+			"kms.vault-a.vaultTokenFile=/etc/spindle-vault/token",
+		}, want: with(func(w *want) { w.kmsIDs = []string{"secrets", "vault-a"} })},
 	}
 }
 
@@ -637,6 +645,21 @@ func checkConfig(t *testing.T, r *rendering, w want) {
 	if _, err := config.LoadFile(f); err != nil {
 		t.Errorf("the driver refuses the rendered config: %v\n%s", err, data)
 	}
+	kmsConfig, hasKMS := cm.Data["kms.json"]
+	if hasKMS != (w.kmsIDs != nil) {
+		t.Errorf("ConfigMap spindle-config has kms.json: %t, want %t", hasKMS, w.kmsIDs != nil)
+	}
+	if hasKMS {
+		f := filepath.Join(t.TempDir(), "kms.json")
+		if err := os.WriteFile(f, []byte(kmsConfig), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if reg, err := kms.Load(f); err != nil {
+			t.Errorf("the driver refuses the rendered KMS configuration: %v\n%s", err, kmsConfig)
+		} else if !slices.Equal(reg.IDs(), w.kmsIDs) {
+			t.Errorf("the rendered KMS configuration has %v, want %v", reg.IDs(), w.kmsIDs)
+		}
+	}
 	for _, name := range []string{"spindle-controller", "spindle-node"} {
 		var spec corev1.PodSpec
 		if name == "spindle-node" {
@@ -651,6 +674,10 @@ func checkConfig(t *testing.T, r *rendering, w want) {
 			return v.Name == "config" && v.ConfigMap != nil && v.ConfigMap.Name == cm.Name
 		}) || path.Base(cfg) != "config.yaml" {
 			t.Errorf("%s: --config=%s is not ConfigMap %s's config.yaml", name, cfg, cm.Name)
+		}
+		kmsFlag, ok := flag(d.Args, "kms-config")
+		if ok != hasKMS || ok && (path.Dir(kmsFlag) != m.MountPath || path.Base(kmsFlag) != "kms.json") {
+			t.Errorf("%s: --kms-config=%q (given: %t); want ConfigMap %s's kms.json exactly when it has one", name, kmsFlag, ok, cm.Name)
 		}
 	}
 }

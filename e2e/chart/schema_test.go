@@ -49,6 +49,8 @@ func TestSchemaRejects(t *testing.T) {
 		{name: "unknown metrics Service key", sets: []string{"driver.metrics.service.port=9000"}, want: "'port' not allowed"},
 		{name: "unknown ServiceMonitor key", sets: []string{"driver.metrics.serviceMonitor.namespace=monitoring"}, want: "'namespace' not allowed"},
 		{name: "ServiceMonitor interval", sets: []string{"driver.metrics.serviceMonitor.interval=30"}, want: "/driver/metrics/serviceMonitor/interval"},
+		{name: "unknown KMS type", sets: []string{"kms.a.encryptionKMSType=kmip"}, want: "/kms/a/encryptionKMSType"},
+		{name: "inlined Vault token", sets: []string{"kms.a.encryptionKMSType=vaulttransit", "kms.a.vaultToken=hvs.x"}, want: "'vaultToken' not allowed"},
 		{name: "inlined snapshot secret", yaml: "volumeSnapshotClasses:\n  - name: a\n    parameters: {token: x}\n", want: "invalid propertyName 'token'"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -233,11 +233,18 @@ type Line struct {
 	Volume, Backing float64
 	Unit            string
 	Ratio           float64 // median of volume/backing over the pairs
+	// BackingName names the second side ("backing", or "unencrypted" when
+	// an encrypted volume is compared with a plain one).
+	BackingName string
 }
 
 func (l Line) String() string {
-	return fmt.Sprintf("datapath %s %s: volume %.0f %s, backing %.0f %s, ratio %.2f",
-		l.Mode, l.Workload, l.Volume, l.Unit, l.Backing, l.Unit, l.Ratio)
+	against := l.BackingName
+	if against == "" {
+		against = "backing"
+	}
+	return fmt.Sprintf("datapath %s %s: volume %.0f %s, %s %.0f %s, ratio %.2f",
+		l.Mode, l.Workload, l.Volume, l.Unit, against, l.Backing, l.Unit, l.Ratio)
 }
 
 // Compare runs every workload on volume and backing, alternating which
@@ -279,7 +286,7 @@ func Compare(b testing.TB, mode string, s Settings, volume, backing Side) []Line
 		for i := range vol {
 			ratios[i] = vol[i] / back[i]
 		}
-		l := Line{Mode: mode, Workload: w.Name, Volume: median(vol), Backing: median(back), Unit: unit, Ratio: median(ratios)}
+		l := Line{Mode: mode, Workload: w.Name, Volume: median(vol), Backing: median(back), Unit: unit, Ratio: median(ratios), BackingName: backing.Name}
 		fmt.Println(l)
 		b.Logf("%s runs: volume %v, backing %v", w.Name, rounded(vol), rounded(back))
 		lines = append(lines, l)
@@ -333,12 +340,40 @@ func Require(b testing.TB) {
 // all and checks nothing is left mounted.
 func Published(b testing.TB, drv *harness.Driver, c *lifecycle.Client, name string, s Settings, mutable map[string]string) string {
 	b.Helper()
+	return publish(b, drv, c, name, s, nil, mutable)
+}
+
+// CompareEncrypted publishes an encrypted volume (dm-crypt, LUKS2, the
+// built-in KMS) beside the plain one published at plain, and compares the
+// two: "datapath <mode>+luks <workload>" lines, the plain volume as the
+// second side, in the same run. It skips, in a sub-benchmark of its own,
+// on a kernel without dm-crypt.
+func CompareEncrypted(b *testing.B, mode string, s Settings, drv *harness.Driver, c *lifecycle.Client, plain string) {
+	b.Run("luks", func(b *testing.B) {
+		lifecycle.RequireDMCrypt(b)
+		secrets := map[string]string{"encryptionPassphrase": "datapath-bench-kek-0123456789"}
+		enc := *c
+		enc.Secrets = map[string]string{}
+		for k, v := range c.Secrets {
+			enc.Secrets[k] = v
+		}
+		for k, v := range secrets {
+			enc.Secrets[k] = v
+		}
+		enc.ControllerSecrets = secrets
+		target := publish(b, drv, &enc, "datapath-luks", s, map[string]string{"encrypted": "true"}, nil)
+		Compare(b, mode+"+luks", s, FileSide("volume", target), FileSide("unencrypted", plain))
+	})
+}
+
+func publish(b testing.TB, drv *harness.Driver, c *lifecycle.Client, name string, s Settings, params, mutable map[string]string) string {
+	b.Helper()
 	ctx := context.Background()
 	dir := harness.TempDir(b)
 	harness.CheckNoLeaks(b, drv.PoolDir, dir)
 	// ext4's own metadata and journal, and room so fio never meets ENOSPC
 	size := s.SizeBytes + s.SizeBytes/4 + 256<<20
-	v, err := c.Create(ctx, name, size, lifecycle.MountCapability("ext4"), nil, filepath.Join(dir, "staging"))
+	v, err := c.Create(ctx, name, size, lifecycle.MountCapability("ext4"), params, filepath.Join(dir, "staging"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -116,6 +116,11 @@ func TestDriverImageRuns(t *testing.T) {
 		{[]string{"rbd-nbd", "--version"}, "ceph version"},
 		{[]string{"modprobe", "--version"}, "kmod version"},
 		{[]string{"tgtadm", "--version"}, "1.0."},
+		// rbd trash mv runs /bin/date for its --expires-at ("now").
+		{[]string{"/bin/date", "-d", "now", "+%s"}, "1"},
+		// Encrypted volumes.
+		{[]string{"cryptsetup", "--version"}, "cryptsetup 2."},
+		{[]string{"dmsetup", "--version"}, "Library version"},
 		// The controller's fencing (ceph osd blocklist add): a Python
 		// program that imports rados and Ceph's modules before anything.
 		{[]string{"ceph", "--version"}, "ceph version"},

@@ -52,6 +52,10 @@ type Client struct {
 	// the StorageClass's *-secret-name parameters make Kubernetes send
 	// them (iSCSI CHAP credentials).
 	Secrets map[string]string
+	// ControllerSecrets go with CreateVolume, DeleteVolume, CreateSnapshot
+	// and DeleteSnapshot, as the provisioner and snapshotter secrets do
+	// (an encrypted volume's KMS secret).
+	ControllerSecrets map[string]string
 }
 
 // NewClient returns a Client for drv acting as the harness node.
@@ -125,6 +129,7 @@ func (c *Client) CreateFrom(ctx context.Context, name string, size int64, vc *cs
 			VolumeCapabilities:  []*csi.VolumeCapability{vc},
 			Parameters:          params,
 			VolumeContentSource: source,
+			Secrets:             c.ControllerSecrets,
 		}
 		if size > 0 {
 			req.CapacityRange = &csi.CapacityRange{RequiredBytes: size}
@@ -209,7 +214,7 @@ func (c *Client) ControllerUnpublish(ctx context.Context, v *Volume) error {
 // Delete deletes the volume.
 func (c *Client) Delete(ctx context.Context, v *Volume) error {
 	return c.call(ctx, StepDelete, v.ID, func(ctx context.Context) error {
-		_, err := c.Driver.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.ID})
+		_, err := c.Driver.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.ID, Secrets: c.ControllerSecrets})
 		return err
 	})
 }
@@ -228,7 +233,7 @@ func FromVolume(volumeID string) *csi.VolumeContentSource {
 func (c *Client) Snapshot(ctx context.Context, name string, v *Volume) (string, error) {
 	var id string
 	err := c.call(ctx, StepSnapshot, v.ID, func(ctx context.Context) error {
-		resp, err := c.Driver.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.ID})
+		resp, err := c.Driver.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.ID, Secrets: c.ControllerSecrets})
 		if err != nil {
 			return err
 		}
@@ -244,7 +249,7 @@ func (c *Client) Snapshot(ctx context.Context, name string, v *Volume) (string, 
 // DeleteSnapshot deletes a snapshot.
 func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	return c.call(ctx, StepDeleteSnapshot, snapshotID, func(ctx context.Context) error {
-		_, err := c.Driver.Controller.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapshotID})
+		_, err := c.Driver.Controller.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapshotID, Secrets: c.ControllerSecrets})
 		return err
 	})
 }

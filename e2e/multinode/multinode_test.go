@@ -9,8 +9,9 @@
 // The tests see the nodes only through the API server (VolumeAttachments,
 // pod logs, the node plugins' /volumes and the controller's /images through
 // the pod proxy), so they run unchanged on any cluster with two workers and
-// the StorageClasses spindle-rbd and spindle-iscsi and the
-// VolumeSnapshotClass spindle-iscsi:
+// the StorageClasses spindle-rbd, spindle-rbd-encrypted (encrypted: "true",
+// the built-in KMS's Secret as the node-stage Secret) and spindle-iscsi and
+// the VolumeSnapshotClass spindle-iscsi:
 //
 //	SPINDLE_E2E_CLUSTER_DIR  a directory with admin.kubeconfig
 //	SPINDLE_E2E_WORKERS      the two worker nodes' names, space-separated

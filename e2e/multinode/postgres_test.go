@@ -34,26 +34,33 @@ const (
 )
 
 // database is a PostgreSQL StatefulSet of one replica whose data is on an
-// RBD volume (its claim data-pg-0), confined to the two workers; its
-// clients run in pods on a node that is not a worker, so they outlive
-// either worker.
+// RBD volume (its claim data-pg-0) of StorageClass sc, confined to the two
+// workers; its clients run in pods on a node that is not a worker, so they
+// outlive either worker.
 type database struct {
 	c      *cluster
 	ns     string
+	sc     string
 	client string // the clients' node
 	runs   int
 }
 
 const statefulSet = "pg"
 
-func (c *cluster) startDatabase(t *testing.T, ns string) *database {
+// The RBD StorageClasses the database runs on: plain, and encrypted
+// (encrypted: "true", the built-in KMS, whose Secret is the node-stage one).
+const (
+	plainRBD     = "spindle-rbd"
+	encryptedRBD = "spindle-rbd-encrypted"
+)
+
+func (c *cluster) startDatabase(t *testing.T, ns, sc string) *database {
 	t.Helper()
 	ctx := context.Background()
-	d := &database{c: c, ns: ns, client: c.clientNode(t)}
+	d := &database{c: c, ns: ns, sc: sc, client: c.clientNode(t)}
 	one := int32(1)
 	uid, grace := int64(postgresUID), int64(30)
 	onRootMismatch := corev1.FSGroupChangeOnRootMismatch
-	sc := "spindle-rbd"
 	labels := map[string]string{"app": statefulSet}
 	sts := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: statefulSet, Namespace: ns},
@@ -264,8 +271,12 @@ func (d *database) attachedOnlyTo(t *testing.T, pv, volumeID, node, other string
 		}
 		t.Errorf("VolumeAttachments of %s: %v, want one, attached, on %s", pv, got, node)
 	}
-	if staged, _ := d.c.stagedOn(t, node, volumeID); len(staged) != 1 || !strings.HasPrefix(staged[0].Device, "/dev/rbd") {
+	staged, _ := d.c.stagedOn(t, node, volumeID)
+	if len(staged) != 1 || !strings.HasPrefix(staged[0].Device, "/dev/rbd") {
 		t.Errorf("%s's node plugin shows staged %+v, want the volume once on a /dev/rbd device (krbd)", node, staged)
+	} else if enc := d.sc == encryptedRBD; staged[0].Encrypted != enc ||
+		enc && (!strings.HasPrefix(staged[0].CryptMapping, "/dev/mapper/spindle-") || !strings.HasPrefix(staged[0].MapperDevice, "/dev/dm-") || staged[0].Problem != "") {
+		t.Errorf("%s's node plugin shows staged %+v; want encrypted %t (a dm-crypt mapping /dev/mapper/spindle-… on /dev/dm-N, no problem)", node, staged[0], enc)
 	}
 	if other == "" {
 		return
@@ -298,14 +309,30 @@ func (c *cluster) setUnschedulable(t *testing.T, node string, on bool) {
 // VolumeAttachment moves with it, every transaction pgbench saw committed
 // is there, and pgbench runs again.
 func TestPostgresOnRBDMovesBetweenNodes(t *testing.T) {
+	movesBetweenNodes(t, plainRBD)
+}
+
+// TestPostgresOnEncryptedRBD: the same database on an encrypted RBD volume
+// (dm-crypt, LUKS2, between krbd's device and ext4): it moves between the
+// workers with every commit, and survives a power cut of its worker as
+// the unencrypted one does; each worker's plugin shows the volume staged
+// through its dm-crypt mapping.
+func TestPostgresOnEncryptedRBD(t *testing.T) {
+	t.Run("moves-between-nodes", func(t *testing.T) { movesBetweenNodes(t, encryptedRBD) })
+	t.Run("power-cut", func(t *testing.T) {
+		nodeLoss{how: "power cut", lose: "kill", restore: "start", storageClass: encryptedRBD}.run(t)
+	})
+}
+
+func movesBetweenNodes(t *testing.T, sc string) {
 	c := connect(t)
 	ns := c.Namespace(t)
 	ctx := context.Background()
-	d := c.startDatabase(t, ns)
+	d := c.startDatabase(t, ns, sc)
 	start := time.Now()
 	first := d.serving(t, "")
 	from, to := first.Spec.NodeName, c.otherWorker(first.Spec.NodeName)
-	t.Logf("PostgreSQL serving on %s (%s) %.0fs after the StatefulSet was created (provision, attach, initdb)", from, first.Status.PodIP, time.Since(start).Seconds())
+	t.Logf("PostgreSQL on %s serving on %s (%s) %.0fs after the StatefulSet was created (provision, attach, initdb)", sc, from, first.Status.PodIP, time.Since(start).Seconds())
 	pv, volumeID := d.volumeOf(t)
 
 	d.run(t, first.Status.PodIP, "exec pgbench -i -s 1 -q")
@@ -430,18 +457,24 @@ func TestIsolatedNodeIsFencedBeforeItsVolumeMoves(t *testing.T) {
 }
 
 // nodeLoss is a worker lost under a database: how (workers.sh lose) it is
-// lost and brought back (workers.sh restore), and whether the controller
-// must have blocklisted its client (it still holds the image open).
+// lost and brought back (workers.sh restore), whether the controller must
+// have blocklisted its client (it still holds the image open), and the
+// database's StorageClass (plainRBD when empty).
 type nodeLoss struct {
 	how, lose, restore string
 	mustFence          bool
+	storageClass       string
 }
 
 func (l nodeLoss) run(t *testing.T) {
 	script := workersScript(t)
 	c := connect(t)
 	ns := c.Namespace(t)
-	d := c.startDatabase(t, ns)
+	sc := l.storageClass
+	if sc == "" {
+		sc = plainRBD
+	}
+	d := c.startDatabase(t, ns, sc)
 	first := d.serving(t, "")
 	lost, survivor := first.Spec.NodeName, c.otherWorker(first.Spec.NodeName)
 	pv, volumeID := d.volumeOf(t)

@@ -18,7 +18,7 @@ export SPINDLE_CEPH_MON=${SPINDLE_CEPH_MON:-${CEPH_MON:-}}
 declare -A dirs=(
   [iscsi]=internal/backend/iscsi [sanity-iscsi]=e2e/sanity/iscsi [lifecycle]=e2e/lifecycle
   [rbd]=internal/backend/rbd [sanity-rbd]=e2e/sanity/rbd [rbd-e2e]=e2e/rbd
-  [datapath-iscsi]=e2e/datapath/iscsi [datapath-rbd]=e2e/datapath/rbd
+  [datapath-iscsi]=e2e/datapath/iscsi [datapath-rbd]=e2e/datapath/rbd [datapath-loop]=e2e/datapath/loop
 )
 echo "guest: $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/ {print $2 / 1024 " MiB"}' /proc/meminfo)"
 rc=0

@@ -19,8 +19,9 @@
 #                <backend>-<what>-<mode>, listed in $VMTEST_DIR/share/plan
 #   VMTEST_CEPH_PROXY  "0" runs the guest's cluster-side rbd and ceph calls
 #                in the guest too (default: on this machine, hack/vm/cephproxy)
-#   DATAPATH     "1" adds each kernel mode's data-path benchmark
-#                (e2e/datapath, fio; prints `datapath <mode> ...` lines)
+#   DATAPATH     "1" adds each mode's data-path benchmark (e2e/datapath,
+#                fio; prints `datapath <mode> ...` lines, and `<mode>+luks`
+#                ones for an encrypted volume against a plain one)
 #
 # Ends with "N passed, M failed" and exits non-zero on any failure.
 set -uo pipefail
@@ -44,7 +45,7 @@ rm -rf "$SHARE" && mkdir -p "$SHARE/bin" "$SHARE/repo/hack" "$SHARE/out/reports"
 declare -A packages=(
   [iscsi]=internal/backend/iscsi [sanity-iscsi]=e2e/sanity/iscsi [lifecycle]=e2e/lifecycle
   [rbd]=internal/backend/rbd [sanity-rbd]=e2e/sanity/rbd [rbd-e2e]=e2e/rbd
-  [datapath-iscsi]=e2e/datapath/iscsi [datapath-rbd]=e2e/datapath/rbd
+  [datapath-iscsi]=e2e/datapath/iscsi [datapath-rbd]=e2e/datapath/rbd [datapath-loop]=e2e/datapath/loop
 )
 for name in "${!packages[@]}"; do
   go test -c -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
@@ -188,6 +189,8 @@ for mode in $MODES; do
     run "iscsi-sanity-stock-$target" sanity-iscsi '^TestStockSanityISCSI$' $env
     # With a node plugin (--mode=node) that has no pool, beside a controller.
     run "iscsi-lifecycle-$target" lifecycle '^(TestFullLifecycleISCSI|TestISCSINodeWithoutPool)$' $env
+    # Encrypted volumes (dm-crypt, LUKS2) over the same path.
+    run "luks-$target" lifecycle '^TestEncryptedISCSI$' $env
     [ "${DATAPATH:-}" = 1 ] && run "datapath-iscsi-$target" datapath-iscsi '^BenchmarkDataPathISCSI$' $env $datapath_env
     ;;
   krbd | rbd-nbd)
@@ -200,12 +203,17 @@ for mode in $MODES; do
     run "rbd-sanity-block-$mode" sanity-rbd '^TestSanityRBD$' $env $controller SPINDLE_SANITY_ACCESS=block
     run "rbd-sanity-stock-$mode" sanity-rbd '^TestStockSanityRBD$' $env $controller SPINDLE_STOCK_SANITY_RBD=1
     run "rbd-lifecycle-$mode" rbd-e2e '^TestDatabaseMovesBetweenNodes$' $env
+    run "luks-$mode" rbd-e2e '^TestEncryptedRBD$' $env
     [ "${DATAPATH:-}" = 1 ] && run "datapath-rbd-$mode" datapath-rbd '^BenchmarkDataPathRBD$' $env $datapath_env
     ;;
   loop)
     # The loop backend's lifecycle on a real kernel with every capability,
     # online ext4 growth included (it skips on this machine).
     run loop-lifecycle lifecycle '^(TestFullLifecycle|TestFormatOnce|TestExpand|TestSnapshotRestore|TestBlockReadOnlyPublish)$'
+    run luks-loop lifecycle '^TestEncrypted$'
+    # The loop data path with and without dm-crypt (this machine's kernel
+    # has none, so its datapath loop/direct-io+luks lines come from here).
+    [ "${DATAPATH:-}" = 1 ] && run datapath-loop datapath-loop '^BenchmarkDataPathLoop$' $datapath_env
     ;;
   *) echo "vmtest: unknown mode $mode"; exit 2 ;;
   esac

@@ -81,6 +81,41 @@ type VolumeSpec struct {
 	// "formatted" flag, so it is never formatted again; CapacityBytes may be
 	// larger than the source (the image is grown), never smaller.
 	Source *ContentSource
+	// Encryption, when set, is kept with the image (Image.Encryption).
+	Encryption *Encryption
+}
+
+// Encryption is what an encrypted volume or snapshot keeps of its key: the
+// KMS that wrapped its passphrase, whose passphrase it is to that KMS, and
+// the wrapped passphrase. Never the passphrase itself. The store keeps it
+// as it is given; the driver makes and reads it (internal/kms).
+type Encryption struct {
+	KMSID      string `json:"kmsID"`
+	KeyOwner   string `json:"keyOwner"`
+	WrappedKey string `json:"wrappedKey"`
+	// NextWrappedKey is the passphrase a key rotation under way adds to the
+	// LUKS header before it removes WrappedKey's; a stage that finds the
+	// old key gone opens with it.
+	NextWrappedKey string `json:"nextWrappedKey,omitempty"`
+	// PreviousWrappedKey is the passphrase the last rotation replaced,
+	// kept until the next one: a stage whose header still has it (a
+	// rotation recorded before the node finished) opens with it.
+	PreviousWrappedKey string `json:"previousWrappedKey,omitempty"`
+}
+
+// EncryptionKeeper is implemented by stores that can change an image's
+// Encryption in place (key rotation).
+type EncryptionKeeper interface {
+	SetEncryption(ctx context.Context, imageID string, e *Encryption) error
+}
+
+// Clone returns a copy (nil stays nil).
+func (e *Encryption) Clone() *Encryption {
+	if e == nil {
+		return nil
+	}
+	c := *e
+	return &c
 }
 
 // ContentSource names what a new image is copied from: exactly one is set.
@@ -106,6 +141,9 @@ type Image struct {
 	Source      *ContentSource `json:"source,omitempty"`
 	Attachments []Attachment   `json:"attachments,omitempty"`
 	CreatedAt   time.Time      `json:"createdAt"`
+	// Encryption: the image's data is a LUKS2 volume whose passphrase
+	// this wraps; nil for an unencrypted image.
+	Encryption *Encryption `json:"encryption,omitempty"`
 }
 
 // Clone returns a deep copy.
@@ -118,6 +156,7 @@ func (img *Image) Clone() *Image {
 		c.Source = &src
 	}
 	c.Attachments = slices.Clone(img.Attachments)
+	c.Encryption = img.Encryption.Clone()
 	return &c
 }
 
@@ -133,6 +172,9 @@ type Snapshot struct {
 	AccessType AccessType `json:"accessType"`
 	FsType     string     `json:"fsType,omitempty"`
 	Formatted  bool       `json:"formatted"`
+	// Encryption: the snapshot of an encrypted volume keeps its
+	// passphrase wrapped for itself, so it outlives the volume's key.
+	Encryption *Encryption `json:"encryption,omitempty"`
 }
 
 // SnapshotSpec is what CreateSnapshot asks for.
@@ -140,6 +182,8 @@ type SnapshotSpec struct {
 	Name          string
 	SourceImageID string
 	Parameters    map[string]string
+	// Encryption, when set, is kept with the snapshot.
+	Encryption *Encryption
 }
 
 // Capacity is what an image store can still allocate.

@@ -88,6 +88,11 @@ type AdoptSpec struct {
 const (
 	ParamBackend     = "backend"     // "<type>/<instance>"; the default instance when absent
 	ParamMkfsOptions = "mkfsOptions" // extra mkfs arguments, whitespace-separated
+	// ParamEncrypted and ParamEncryptionKMSID are ceph-csi's names, with
+	// its meaning, for every backend: the driver encrypts (LUKS2 on the
+	// node) and hands a store only the wrapped key (VolumeSpec.Encryption).
+	ParamEncrypted       = "encrypted"       // "true": the volume's data is a LUKS2 volume
+	ParamEncryptionKMSID = "encryptionKMSID" // the KMS that wraps its passphrase
 	// ProvisionerPrefix starts the keys the sidecars add or read
 	// (csi.storage.k8s.io/fstype, the secrets' names, the PVC's name with
 	// --extra-create-metadata).
@@ -96,5 +101,9 @@ const (
 
 // DriverParameter reports whether k is the driver's own key.
 func DriverParameter(k string) bool {
-	return k == ParamBackend || k == ParamMkfsOptions || strings.HasPrefix(k, ProvisionerPrefix)
+	switch k {
+	case ParamBackend, ParamMkfsOptions, ParamEncrypted, ParamEncryptionKMSID:
+		return true
+	}
+	return strings.HasPrefix(k, ProvisionerPrefix)
 }

@@ -74,6 +74,9 @@ type Options struct {
 	// daemons of its volumes started, so that they outlive its restarts.
 	// Empty: a node plugin starts them itself.
 	AttachDaemonSocket string
+	// KMSConfigFile maps each encryptionKMSID to its KMS's settings (JSON,
+	// internal/kms); without it only the built-in secrets KMS exists.
+	KMSConfigFile string
 }
 
 // AddFlags registers the options on fs, with their defaults.
@@ -100,6 +103,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&o.AttachDaemonSocket, "attach-daemon-socket", "", "the attach daemon's socket: where --mode=attach-daemon listens, and where a node plugin has the userspace daemons of its volumes (rbd-fuse, rbd-nbd, qemu-storage-daemon) started so that they outlive its restarts; empty: the node plugin starts them itself")
+	fs.StringVar(&o.KMSConfigFile, "kms-config", "", "KMS configuration (JSON, ceph-csi's layout: encryptionKMSID -> settings) for encrypted volumes; without it only the built-in Kubernetes-Secret KMS (encryptionKMSID \"secrets\") exists")
 	fs.StringVar(&o.KubeletRegistrationPath, "kubelet-registration-path", "", "the CSI socket's path as kubelet sees it, announced at registration (default: the --endpoint path)")
 }
 

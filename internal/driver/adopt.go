@@ -2,9 +2,6 @@ package driver
 
 import (
 	"context"
-	"encoding/json"
-	"io"
-	"net/http"
 	"time"
 
 	"go.uber.org/zap"
@@ -24,9 +21,6 @@ import (
 
 // adoptTimeout bounds one adopt request: a handful of calls to the cluster.
 const adoptTimeout = time.Minute
-
-// maxAdoptRequest bounds the body of an adopt request.
-const maxAdoptRequest = 64 << 10
 
 // adopt handles one request.
 func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.AdoptedVolume, error) {
@@ -54,6 +48,9 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 	params, err := d.parseParameters(r.Parameters)
 	if err != nil {
 		return nil, err
+	}
+	if params.encrypted {
+		return nil, errdefs.InvalidArgument("the StorageClass's parameters.%s is \"true\", but adopt keeps the image's data where it is, in clear: it cannot become an encrypted volume in place; adopt it into a class without %s, or copy its data onto an encrypted volume", paramEncrypted, paramEncrypted)
 	}
 	if params.instance != inst.Key() {
 		return nil, errdefs.InvalidArgument("the image is in backend %s, but the StorageClass parameters pick backend %s", inst.Key(), params.instance)
@@ -89,44 +86,4 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 	}
 	d.log.Info("adopted an image", zap.String("volumeID", vol.GetVolumeId()), zap.String("name", r.Name), zap.Bool("dryRun", r.DryRun), zap.Strings("openBy", res.OpenBy))
 	return &opsapi.AdoptedVolume{VolumeID: vol.GetVolumeId(), CapacityBytes: vol.GetCapacityBytes(), VolumeContext: vol.GetVolumeContext(), OpenBy: res.OpenBy, DryRun: r.DryRun}, nil
-}
-
-// serveAdopt is the POST handler of opsapi.PathAdopt.
-func (d *Driver) serveAdopt(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), adoptTimeout)
-	defer cancel()
-	var req opsapi.AdoptRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxAdoptRequest))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeAdoptError(w, errdefs.InvalidArgument("request body: %v", err))
-		return
-	}
-	out, err := d.adopt(ctx, req)
-	if err != nil {
-		d.log.Warn("adopt failed", zap.String("handle", req.Handle), zap.String("name", req.Name), zap.Error(err))
-		writeAdoptError(w, err)
-		return
-	}
-	writeJSON(w, out)
-}
-
-// writeAdoptError answers with the status the error's kind maps to.
-func writeAdoptError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	switch errdefs.KindOf(err) {
-	case errdefs.ErrInvalidArgument:
-		status = http.StatusBadRequest
-	case errdefs.ErrNotFound:
-		status = http.StatusNotFound
-	case errdefs.ErrBusy:
-		status = http.StatusConflict
-	case errdefs.ErrPrecondition, errdefs.ErrAlreadyExists:
-		status = http.StatusPreconditionFailed
-	case errdefs.ErrUnavailable:
-		status = http.StatusServiceUnavailable
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(opsapi.AdoptError{Error: err.Error()})
 }

@@ -39,8 +39,8 @@ func (cephLike) CheckVolumeParameters(p map[string]string) error {
 	for k, v := range p {
 		switch {
 		case k == "clusterID" || k == "pool":
-		case k == "encrypted" && v == "true":
-			return errdefs.InvalidArgument("parameters.encrypted %q is refused: the backend does not encrypt volumes", v)
+		case k == "thickProvision" && v == "true":
+			return errdefs.InvalidArgument("parameters.thickProvision %q is refused: the backend's images are thin", v)
 		default:
 			return errdefs.InvalidArgument("parameters: unknown key %q", k)
 		}
@@ -134,7 +134,8 @@ func TestBackendParameters(t *testing.T) {
 		want   []string
 	}{
 		{"a key the backend does not take", map[string]string{"clusterID": "rook-ceph", "color": "blue"}, nil, []string{"backend " + fastKey, `unknown key "color"`}},
-		{"refused by the backend", map[string]string{"clusterID": "rook-ceph", "encrypted": "true"}, nil, []string{"parameters.encrypted", "refused"}},
+		{"refused by the backend", map[string]string{"clusterID": "rook-ceph", "thickProvision": "true"}, nil, []string{"parameters.thickProvision", "refused"}},
+		{"encrypted is the driver's, whatever the backend", map[string]string{"clusterID": "rook-ceph", "encrypted": "yes"}, nil, []string{`parameters.encrypted "yes" is not a boolean`}},
 		{"a backend key on a backend without parameters", map[string]string{"pool": "x"}, nil, []string{`unknown key "pool"`, defaultKey + " takes no parameters"}},
 		{"fstype disagrees with the capability", map[string]string{"csi.storage.k8s.io/fstype": "xfs"}, []*csi.VolumeCapability{mountCap("ext4", snw)}, []string{"fs_type", "csi.storage.k8s.io/fstype", "disagree"}},
 		{"fstype unknown", map[string]string{"csi.storage.k8s.io/fstype": "zfs"}, nil, []string{"parameters.csi.storage.k8s.io/fstype", "zfs"}},
@@ -149,6 +150,25 @@ func TestBackendParameters(t *testing.T) {
 			_, err := e.CreateVolume(r)
 			wantCode(t, err, codes.InvalidArgument, tt.want...)
 		})
+	}
+	// ceph-csi's encrypted and encryptionKMSID are the driver's: the
+	// store that takes the class's other keys never sees them (cephLike
+	// refuses any key it does not know), the volume is encrypted by the
+	// driver and keeps both in its context.
+	encReq := encryptedCreateReq("pvc-rook-encrypted", map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "encrypted": "true", "encryptionKMSID": "secrets"})
+	encResp, err := e.CreateVolume(encReq)
+	if err != nil {
+		t.Fatalf("CreateVolume with Rook's parameters and encrypted \"true\": %v", err)
+	}
+	ev := encResp.GetVolume()
+	if !strings.HasPrefix(ev.GetVolumeId(), fastKey+"/") {
+		t.Fatalf("encrypted volume %s did not go to the backend that claims clusterID rook-ceph", ev.GetVolumeId())
+	}
+	if ctx := ev.GetVolumeContext(); ctx["encrypted"] != "true" || ctx["encryptionKMSID"] != "secrets" || ctx["clusterID"] != "rook-ceph" {
+		t.Fatalf("volume context %v: want the driver's encryption keys beside the backend's", ctx)
+	}
+	if img := e.image(t, ev.GetVolumeId()); img.Encryption == nil || img.Encryption.KMSID != "secrets" {
+		t.Fatalf("image encryption %+v: the driver did not wrap a key for it", img.Encryption)
 	}
 	// A VolumeSnapshotClass's parameters go to the source's backend.
 	snapReq := &csi.CreateSnapshotRequest{Name: "snap-rook", SourceVolumeId: v.GetVolumeId(), Parameters: map[string]string{"clusterID": "rook-ceph", "csi.storage.k8s.io/snapshotter-secret-name": "x"}}
@@ -192,6 +212,28 @@ func TestStaticVolume(t *testing.T) {
 	wantCode(t, err, codes.NotFound, "no configured backend serves a pre-provisioned volume")
 	_, err = e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: map[string]string{"clusterID": "rook-ceph", "staticVolume": "true"}})
 	wantCode(t, err, codes.InvalidArgument, "volumeAttributes.pool is required")
+
+	// A pre-provisioned image that says it is encrypted has no key of
+	// Spindle's: refused for what it is, on the controller and the node,
+	// with nothing attached or recorded.
+	for _, v := range []string{"true", "encrypted"} {
+		encAttrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "staticVolume": "true", "encrypted": v, "encryptionKMSID": "vault"}
+		_, err = e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: encAttrs})
+		wantCode(t, err, codes.InvalidArgument, `encrypted "`+v+`"`, "opens only the encrypted volumes it created")
+		err = e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: handle, StagingTargetPath: filepath.Join(t.TempDir(), "enc"), VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: encAttrs})
+		wantCode(t, err, codes.InvalidArgument, `encrypted "`+v+`"`, "opens only the encrypted volumes it created")
+		if devs, _ := e.loops[fastKey].BoundTo(context.Background(), pool.ImagePath(img.ID)); len(devs) != 0 {
+			t.Fatalf("a refused stage attached %v", devs)
+		}
+		if rec, err := e.d.readStaticRecord(handle); rec != nil || err != nil {
+			t.Fatalf("a refused stage recorded %+v, %v", rec, err)
+		}
+	}
+	// encrypted "false" is what a plain image is.
+	plainAttrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "staticVolume": "true", "encrypted": "false"}
+	if _, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: plainAttrs}); err != nil {
+		t.Fatalf("ControllerPublish of a static volume with encrypted \"false\": %v", err)
+	}
 
 	stage := filepath.Join(t.TempDir(), "staging", "pv", "pv-static")
 	target := filepath.Join(t.TempDir(), "pods", "p1", "pv-static")
@@ -281,6 +323,15 @@ func TestAdoptEndpoint(t *testing.T) {
 		{func(r *opsapi.AdoptRequest) { r.Secrets = nil }, http.StatusBadRequest, "secrets are required"},
 		{func(r *opsapi.AdoptRequest) { r.Attributes = map[string]string{"clusterID": "other", "pool": "p"} }, http.StatusNotFound, "no configured backend"},
 		{func(r *opsapi.AdoptRequest) { r.Parameters = map[string]string{"backend": defaultKey} }, http.StatusBadRequest, "pick backend " + defaultKey},
+		// An image ceph-csi encrypted (its PV's attributes carry its
+		// class's encrypted) is not treated as plain.
+		{func(r *opsapi.AdoptRequest) {
+			r.Attributes = map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": img.ID, "encrypted": "true", "encryptionKMSID": "vault"}
+		}, http.StatusBadRequest, "opens only the encrypted volumes it created"},
+		// Its data stays in clear, so it cannot join an encrypted class.
+		{func(r *opsapi.AdoptRequest) {
+			r.Parameters = map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "encrypted": "true"}
+		}, http.StatusBadRequest, "cannot become an encrypted volume in place"},
 		{func(r *opsapi.AdoptRequest) {
 			r.Attributes = map[string]string{"clusterID": "rook-ceph", "pool": "p", "imageName": "missing"}
 		}, http.StatusNotFound, "missing"},

@@ -81,7 +81,7 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 
-	spec, err := volumeSpec(req, caps[0], params.shaping, source)
+	spec, err := volumeSpec(req, caps[0], params, source)
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +90,11 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 		return nil, err
 	}
 	defer release()
+	// A retried CreateVolume wraps a passphrase again, and the store
+	// answers the volume with the key it was created with.
+	if spec.Encryption, err = s.d.newVolumeEncryption(ctx, req.GetName(), params, source); err != nil {
+		return nil, err
+	}
 
 	img, err := inst.Store.Create(ctx, spec)
 	if err != nil {
@@ -123,13 +128,13 @@ func withFsType(caps []capability, fsType string) ([]capability, error) {
 // volumeSpec is what the store is asked for: the first capability's
 // access type and filesystem (a copy keeps its source's), and a size that
 // fits the request, the filesystem's minimum and the source.
-func volumeSpec(req *csi.CreateVolumeRequest, c capability, shaping map[string]string, source *contentSource) (backend.VolumeSpec, error) {
+func volumeSpec(req *csi.CreateVolumeRequest, c capability, params volumeParameters, source *contentSource) (backend.VolumeSpec, error) {
 	spec := backend.VolumeSpec{
 		Name:              req.GetName(),
 		RequiredBytes:     req.GetCapacityRange().GetRequiredBytes(),
 		LimitBytes:        req.GetCapacityRange().GetLimitBytes(),
 		AccessType:        c.accessType,
-		Parameters:        shaping,
+		Parameters:        params.shaping,
 		MutableParameters: req.GetMutableParameters(),
 	}
 	var minBytes int64
@@ -143,6 +148,10 @@ func volumeSpec(req *csi.CreateVolumeRequest, c capability, shaping map[string]s
 			return spec, err
 		}
 		spec.FsType, minBytes = fs.Name, fs.MinBytes
+	}
+	if params.encrypted {
+		// The filesystem lives on the dm-crypt mapping, after the LUKS2 header.
+		minBytes += node.LUKSHeaderBytes
 	}
 	capacity := req.GetCapacityRange()
 	if source != nil {
@@ -174,6 +183,7 @@ type contentSource struct {
 	sizeBytes  int64
 	accessType backend.AccessType
 	fsType     string
+	encryption *backend.Encryption
 }
 
 // resolveSource validates a content source and looks it up. A source that
@@ -212,14 +222,14 @@ func (s *controllerService) resolveSource(ctx context.Context, inst *backend.Ins
 		if err != nil {
 			return nil, err
 		}
-		out.SnapshotID, out.sizeBytes, out.accessType, out.fsType = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType
+		out.SnapshotID, out.sizeBytes, out.accessType, out.fsType, out.encryption = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType, snap.Encryption
 		return out, nil
 	}
 	img, err := inst.Store.Get(ctx, id.Image)
 	if err != nil {
 		return nil, err
 	}
-	out.ImageID, out.sizeBytes, out.accessType, out.fsType = img.ID, img.CapacityBytes, img.AccessType, img.FsType
+	out.ImageID, out.sizeBytes, out.accessType, out.fsType, out.encryption = img.ID, img.CapacityBytes, img.AccessType, img.FsType, img.Encryption
 	return out, nil
 }
 
@@ -235,6 +245,15 @@ func (d *Driver) csiVolume(inst *backend.Instance, img *backend.Image) (*csi.Vol
 		CapacityBytes:      img.CapacityBytes,
 		VolumeContext:      maps.Clone(img.Parameters),
 		AccessibleTopology: d.accessibleTopology(inst),
+	}
+	if img.Encryption != nil {
+		// A copy of an encrypted source is encrypted whatever its
+		// StorageClass said.
+		if vol.VolumeContext == nil {
+			vol.VolumeContext = map[string]string{}
+		}
+		vol.VolumeContext[paramEncrypted] = "true"
+		vol.VolumeContext[paramEncryptionKMSID] = img.Encryption.KMSID
 	}
 	if src := img.Source; src != nil {
 		switch {
@@ -271,6 +290,20 @@ func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVol
 		return nil, err
 	}
 	defer release()
+	// An encrypted volume's key goes first, once nothing holds the volume:
+	// deleting the image first could leave a key no retry finds again.
+	// An image already gone is the backend's Delete to answer; any other
+	// failure to read it is this call's answer (trying the delete anyway
+	// would spend a second timeout on a cluster that did not answer).
+	img, err := inst.Store.Get(ctx, id.Image)
+	switch {
+	case err == nil && img.Encryption != nil && len(img.Attachments) == 0:
+		if err := s.d.forgetKey(ctx, img.Encryption); err != nil {
+			return nil, err
+		}
+	case err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound:
+		return nil, err
+	}
 	if err := inst.Store.Delete(ctx, id.Image); err != nil {
 		return nil, err
 	}
@@ -324,7 +357,7 @@ func (s *controllerService) ControllerPublishVolume(ctx context.Context, req *cs
 	if err != nil {
 		return nil, err
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+	return &csi.ControllerPublishVolumeResponse{PublishContext: addEncryptionContext(pc, img.Encryption)}, nil
 }
 
 // publishStatic publishes a pre-provisioned volume (static.go): the node

@@ -26,6 +26,7 @@ import (
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/kms"
 	"github.com/spindle-csi/spindle/internal/metrics"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
@@ -44,6 +45,8 @@ type Driver struct {
 	metrics *metrics.Metrics
 	// codec decodes requests; checkDecoded answers those it could not.
 	codec *lenientCodec
+	// kms are the KMSs of encrypted volumes (--kms-config).
+	kms *kms.Registry
 
 	// opsAddr is the address the operators' HTTP endpoints listen on,
 	// once Run has opened it (--metrics-address may ask for port 0).
@@ -133,7 +136,12 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 	if version == "" {
 		version = "unknown"
 	}
+	kmsRegistry, err := kms.Load(opts.KMSConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("--kms-config: %w", err)
+	}
 	d := &Driver{
+		kms:             kmsRegistry,
 		opts:            opts,
 		version:         version,
 		instances:       instances,

@@ -133,11 +133,18 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
 	}
+	// Resolved first: a pre-provisioned volume that says it is encrypted
+	// is refused for what it is (static.go), not for the key that no
+	// controller could have handed it.
 	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	encryption, err := s.d.stageEncryption(req.GetPublishContext(), req.GetVolumeContext(), req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 	if t.static != nil {
 		// Recorded first: whatever this stage leaves, the unstage that
 		// follows finds the image.
@@ -147,7 +154,7 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	}
 	err = s.d.node.Stage(ctx, node.StageRequest{
 		Volume: t.vol, StagingPath: staging, Access: c.accessType, Mode: c.mode, FsType: c.fsType, MountFlags: c.mountFlags,
-		ReadOnly: readOnly, MkfsOptions: mkfsOptions, PublishContext: req.GetPublishContext(),
+		ReadOnly: readOnly, MkfsOptions: mkfsOptions, PublishContext: req.GetPublishContext(), Encryption: encryption,
 	})
 	if err != nil {
 		return nil, err

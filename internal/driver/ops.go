@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sort"
@@ -14,11 +15,15 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/metrics"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
+
+// maxOpsRequest bounds the body of a POST to the operators' endpoints.
+const maxOpsRequest = 64 << 10
 
 // opsTimeout bounds one request to the operators' endpoints: a probe or an
 // inventory that hangs on a dead backend answers with an error instead.
@@ -44,8 +49,9 @@ func (d *Driver) OpsHandler() http.Handler {
 			writeJSON(w, d.NodeVolumes(ctx))
 		})
 	}
+	d.registerRotation(mux)
 	if d.opts.Mode.Controller() {
-		mux.HandleFunc("POST "+opsapi.PathAdopt, d.serveAdopt) // adopt.go
+		mux.HandleFunc("POST "+opsapi.PathAdopt, servePost(d, adoptTimeout, d.adopt)) // adopt.go
 		mux.HandleFunc("GET "+opsapi.PathImages, func(w http.ResponseWriter, r *http.Request) {
 			ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
 			defer cancel()
@@ -239,4 +245,47 @@ func (d *Driver) Images(ctx context.Context) opsapi.Images {
 		out.Backends = append(out.Backends, b)
 	}
 	return out
+}
+
+// servePost decodes a bounded JSON request (unknown fields refused), runs
+// handle within timeout and writes its answer, or the error with the
+// status its kind maps to: the POST endpoints (adopt, key rotation).
+func servePost[Req, Resp any](d *Driver, timeout time.Duration, handle func(context.Context, Req) (Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		var req Req
+		dec := json.NewDecoder(io.LimitReader(r.Body, maxOpsRequest))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeOpsError(w, errdefs.InvalidArgument("request body: %v", err))
+			return
+		}
+		resp, err := handle(ctx, req)
+		if err != nil {
+			d.log.Warn("operators' request failed", zap.String("path", r.URL.Path), zap.Error(err))
+			writeOpsError(w, err)
+			return
+		}
+		writeJSON(w, resp)
+	}
+}
+
+func writeOpsError(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch errdefs.KindOf(err) {
+	case errdefs.ErrInvalidArgument:
+		status = http.StatusBadRequest
+	case errdefs.ErrNotFound:
+		status = http.StatusNotFound
+	case errdefs.ErrBusy:
+		status = http.StatusConflict
+	case errdefs.ErrPrecondition, errdefs.ErrAlreadyExists:
+		status = http.StatusPreconditionFailed
+	case errdefs.ErrUnavailable:
+		status = http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(opsapi.Error{Error: err.Error()})
 }

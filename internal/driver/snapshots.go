@@ -68,7 +68,15 @@ func (s *controllerService) CreateSnapshot(ctx context.Context, req *csi.CreateS
 		return nil, err
 	}
 	defer release()
-	snap, err := snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: req.GetName(), SourceImageID: source.Image, Parameters: params})
+	img, err := inst.Store.Get(ctx, source.Image)
+	if err != nil {
+		return nil, err
+	}
+	encryption, err := s.d.snapshotEncryption(ctx, req.GetName(), img.Encryption)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: req.GetName(), SourceImageID: source.Image, Parameters: params, Encryption: encryption})
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +103,16 @@ func (s *controllerService) DeleteSnapshot(ctx context.Context, req *csi.DeleteS
 		return nil, err
 	}
 	defer release()
+	// The key first, as DeleteVolume does, and a failed read is the answer.
+	snap, err := snaps.GetSnapshot(ctx, id.Image)
+	switch {
+	case err == nil && snap.Encryption != nil:
+		if err := s.d.forgetKey(ctx, snap.Encryption); err != nil {
+			return nil, err
+		}
+	case err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound:
+		return nil, err
+	}
 	if err := snaps.DeleteSnapshot(ctx, id.Image); err != nil {
 		return nil, err
 	}

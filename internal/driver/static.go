@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -42,6 +43,9 @@ type staticVolume struct {
 // volume handle with attributes attrs, and the image it names. field is
 // the request's field for messages.
 func (d *Driver) staticInstance(field, handle string, attrs map[string]string) (*backend.Instance, backend.StaticVolumes, string, error) {
+	if err := refuseEncryptedImage(field, handle, attrs); err != nil {
+		return nil, nil, "", err
+	}
 	var claimed []*backend.Instance
 	for _, key := range d.instanceKeys() {
 		inst := d.instances[key]
@@ -67,6 +71,23 @@ func (d *Driver) staticInstance(field, handle string, attrs map[string]string) (
 		return nil, nil, "", errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
 	}
 	return claimed[0], sv, image, nil
+}
+
+// refuseEncryptedImage refuses an image made outside Spindle whose
+// attributes say it is encrypted (ceph-csi puts its StorageClass's
+// encrypted and encryptionKMSID into a volume's attributes): Spindle opens
+// only the encrypted volumes it created, whose wrapped key it keeps with
+// the image; such an image has none of Spindle's, and staging it as plain
+// would hand the pod a LUKS header.
+func refuseEncryptedImage(field, handle string, attrs map[string]string) error {
+	v, ok := attrs[paramEncrypted]
+	if !ok {
+		return nil
+	}
+	if on, err := strconv.ParseBool(v); err == nil && !on {
+		return nil
+	}
+	return errdefs.InvalidArgument("%s %.64q: its volume attributes say %s %q, but Spindle opens only the encrypted volumes it created (it keeps their wrapped key with the image); an image made or encrypted elsewhere (ceph-csi keeps the key in its own KMS) cannot be a pre-provisioned or adopted volume encrypted", field, handle, paramEncrypted, v)
 }
 
 // isStatic reports whether a volume context marks a pre-provisioned volume.

@@ -207,6 +207,8 @@ type volumeParameters struct {
 	mkfsOptions []string          // parsed mkfsOptions
 	fsType      string            // csi.storage.k8s.io/fstype, "" when absent
 	shaping     map[string]string // the parameters that shape the volume, kept in its metadata
+	encrypted   bool              // encrypted: "true"
+	kmsID       string            // the KMS that wraps its passphrase (encryption.go)
 }
 
 // parseParameters validates a CreateVolume's parameters and picks its
@@ -241,10 +243,16 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 				}
 			}
 			vp.fsType = v
+		case k == paramEncrypted, k == paramEncryptionKMSID:
+			// The driver's (encryption.go), whatever the backend: never
+			// the store's.
 		case isProvisionerKey(k):
 		default:
 			backendKeys[k] = v
 		}
+	}
+	if err := d.encryptionParameters(&vp, params); err != nil {
+		return volumeParameters{}, err
 	}
 	if _, named := params[paramBackend]; !named {
 		inst, err := d.claimingInstance(params)
@@ -261,7 +269,7 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 	p, ok := d.instances[vp.instance].Store.(backend.Parameters)
 	if !ok {
 		for k := range backendKeys {
-			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s; backend %s takes no parameters of its own)", k, paramBackend, paramMkfsOptions, vp.instance)
+			return volumeParameters{}, errdefs.InvalidArgument("parameters: unknown key %q (known: %s, %s, %s, %s; backend %s takes no parameters of its own)", k, paramBackend, paramMkfsOptions, paramEncrypted, paramEncryptionKMSID, vp.instance)
 		}
 	}
 	if err := p.CheckVolumeParameters(backendKeys); err != nil {

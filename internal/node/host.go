@@ -72,6 +72,31 @@ type Host interface {
 	// GrowFilesystem grows the fsType filesystem on dev to fill the
 	// device; mountPath is where it is mounted read-write, or "".
 	GrowFilesystem(ctx context.Context, dev, fsType, mountPath string) error
+
+	// dm-crypt (crypt.go): LUKS2 headers made, opened and rekeyed with
+	// cryptsetup, the passphrase always on its stdin or in a private file.
+	// CryptAvailable is ErrPrecondition, naming the kernel module, on a
+	// node whose kernel cannot open a LUKS volume.
+	CryptAvailable(ctx context.Context) error
+	// LUKSFormat writes a LUKS2 header on dev whose one keyslot passphrase opens.
+	LUKSFormat(ctx context.Context, dev string, passphrase []byte) error
+	// LUKSOpen opens the LUKS volume on dev as mapping name; a passphrase
+	// that opens no keyslot is ErrPrecondition.
+	LUKSOpen(ctx context.Context, dev, name string, passphrase []byte, readOnly bool) error
+	// LUKSClose closes mapping name; one not open is fine, one in use ErrPrecondition.
+	LUKSClose(ctx context.Context, name string) error
+	// LUKSResize grows mapping name to fill its backing device.
+	LUKSResize(ctx context.Context, name string) error
+	// LUKSAddKey adds added to a free keyslot of dev's header, unlocking it
+	// with existing; LUKSRemoveKey destroys the keyslot passphrase opens
+	// (ErrNotFound when none does); LUKSTestKey says whether one does.
+	LUKSAddKey(ctx context.Context, dev string, existing, added []byte) error
+	LUKSRemoveKey(ctx context.Context, dev string, passphrase []byte) error
+	LUKSTestKey(ctx context.Context, dev string, passphrase []byte) (bool, error)
+	// CryptMapping describes the dm-crypt mapping whose device node is dev
+	// (not Found when dev is none); CryptMappingByName the one of that name.
+	CryptMapping(dev string) (CryptMapping, error)
+	CryptMappingByName(name string) (CryptMapping, error)
 }
 
 // DevNum is a device number.

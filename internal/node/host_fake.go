@@ -33,6 +33,12 @@ type FakeHost struct {
 	devices     map[string]FakeDevice // added with AddDevice
 	nextIno     uint64
 	nextMount   int
+	// dm-crypt (host_fake_crypt.go): LUKS headers by device identity,
+	// open mappings by name.
+	luks             map[string]*fakeLUKS
+	crypts           map[string]*fakeCryptMapping
+	nextCryptMinor   uint32
+	cryptUnavailable bool
 
 	// Devices answers for the device paths AddDevice did not add: a fake
 	// attacher's devices (blockdev.FakeLoopDevices) appear through it.
@@ -47,7 +53,9 @@ type FakeHost struct {
 	// Calls records the operations that change or probe the host, in
 	// order: "probe DEV", "mkfs FS DEV", "mount DEV TARGET", "bind SOURCE
 	// TARGET", "remount-ro TARGET", "unmount TARGET", "grow DEV",
-	// "mounts" (a read of the whole mount table).
+	// "mounts" (a read of the whole mount table), "luksFormat DEV",
+	// "luksOpen DEV NAME", "luksClose NAME", "luksResize NAME",
+	// "luksAddKey DEV", "luksRemoveKey DEV", "luksTest DEV".
 	Calls []string
 }
 
@@ -215,6 +223,9 @@ func (f *FakeHost) record(call string) error {
 
 func (f *FakeHost) device(path string) (FakeDevice, bool) {
 	if d, ok := f.devices[path]; ok {
+		return d, true
+	}
+	if d, ok := f.cryptDevice(path); ok {
 		return d, true
 	}
 	if f.Devices != nil {
@@ -576,6 +587,11 @@ func (f *FakeHost) DevicePath(n DevNum) string {
 			return p
 		}
 	}
+	for name, c := range f.crypts {
+		if n == (DevNum{fakeCryptMajor, c.minor}) {
+			return MapperPath(name)
+		}
+	}
 	if n.Major == 7 && f.Devices != nil { // a fake loop device
 		p := fmt.Sprintf("/dev/loop%d", n.Minor)
 		if d, ok := f.Devices(p); ok && d.Num == n {
@@ -598,6 +614,9 @@ func (f *FakeHost) DeviceSize(path string) (int64, error) {
 func (f *FakeHost) DeviceHeld(path string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.cryptHolds(path) {
+		return true, nil
+	}
 	for _, m := range f.mounts {
 		if m.device == path && m.fsType != "" {
 			return true, nil

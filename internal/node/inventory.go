@@ -171,18 +171,25 @@ func (v *Volumes) stagedVolume(ctx context.Context, r FoundStageRecord, mounts [
 		AccessType: rec.AccessType, FsType: rec.FsType, ReadOnly: rec.ReadOnly, StagedAt: rec.StagedAt,
 		DeviceState: opsapi.DeviceStateUnknown,
 	}
-	if rec.AccessType != string(backend.AccessBlock) {
-		sv.MountState = v.stagingMountState(r.StagingPath, rec.Device)
-		switch sv.MountState {
-		case MountStateMissing:
-			sv.Problem = fmt.Sprintf("nothing is mounted at the staging path; the volume's filesystem on %s is not staged", rec.Device)
-		case MountStateDead:
-			sv.Problem = "the staging mount is dead (ENOTCONN, ESTALE or EIO)"
-		case MountStateWrongDevice:
-			sv.Problem = fmt.Sprintf("the staging path holds a mount of another device than %s", rec.Device)
+	top := rec.TopDevice()
+	if rec.CryptName != "" {
+		sv.Encrypted, sv.CryptMapping, sv.MapperDevice = true, MapperPath(rec.CryptName), rec.Mapper
+		if m, err := v.host.CryptMappingByName(rec.CryptName); err != nil || !m.Found() || m.Backing != rec.Device {
+			sv.Problem = joinProblem(sv.Problem, fmt.Sprintf("dm-crypt mapping %s is not open on %s", rec.CryptName, rec.Device))
 		}
 	}
-	sv.Publishes = v.publishesOf(mounts, r.StagingPath, rec.Device)
+	if rec.AccessType != string(backend.AccessBlock) {
+		sv.MountState = v.stagingMountState(r.StagingPath, top)
+		switch sv.MountState {
+		case MountStateMissing:
+			sv.Problem = joinProblem(sv.Problem, fmt.Sprintf("nothing is mounted at the staging path; the volume's filesystem on %s is not staged", top))
+		case MountStateDead:
+			sv.Problem = joinProblem(sv.Problem, "the staging mount is dead (ENOTCONN, ESTALE or EIO)")
+		case MountStateWrongDevice:
+			sv.Problem = joinProblem(sv.Problem, fmt.Sprintf("the staging path holds a mount of another device than %s", top))
+		}
+	}
+	sv.Publishes = v.publishesOf(mounts, r.StagingPath, top)
 	id, err := volumeid.Parse(rec.VolumeID)
 	if err != nil {
 		sv.Problem = joinProblem(sv.Problem, err.Error())

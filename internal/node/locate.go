@@ -27,8 +27,14 @@ type Place struct {
 	// Record is the stage record beside Path: Path is a staging path.
 	Record *StageRecord
 	// Device is the block device at Path: the one under the filesystem
-	// mounted there, the one bound there, or the one Record names.
+	// mounted there, the one bound there, or the one Record names. For an
+	// encrypted volume it is the attached device under the dm-crypt
+	// mapping, which is Crypt.
 	Device string
+	// Crypt is the open dm-crypt mapping at Path (the device under the
+	// filesystem, the device bound there, or the mapping Record names),
+	// or nil.
+	Crypt *CryptMapping
 	// DeviceReadOnly: Device is attached read-only (known when Mine).
 	DeviceReadOnly bool
 	// Owner is the volume the path belongs to: the one asked about when
@@ -57,9 +63,9 @@ func (p *Place) Holds() string {
 	case p.Info.Dead:
 		what = "a dead mount"
 	case p.Filesystem():
-		what = fmt.Sprintf("a mount of %s", describeFS(p.Info.FsType, p.Device))
+		what = fmt.Sprintf("a mount of %s", describeFS(p.Info.FsType, p.describeDevice()))
 	case p.DeviceBind():
-		what = fmt.Sprintf("a bind of device %s", orNumber(p.Device, p.Info.Rdev))
+		what = fmt.Sprintf("a bind of device %s", orNumber(p.describeDevice(), p.Info.Rdev))
 	case p.Info.MountRoot:
 		what = "a mount of " + p.Info.String()
 	case p.Record != nil:
@@ -69,6 +75,23 @@ func (p *Place) Holds() string {
 		return what + " of volume " + p.Owner
 	}
 	return what
+}
+
+// describeDevice names Device, and the dm-crypt mapping over it.
+func (p *Place) describeDevice() string {
+	if p.Crypt != nil {
+		return fmt.Sprintf("%s (dm-crypt mapping %s of %s)", p.Crypt.Path, p.Crypt.Name, p.Device)
+	}
+	return p.Device
+}
+
+// TopDevice is the device the volume's data is used through: the dm-crypt
+// mapping of an encrypted volume, Device otherwise.
+func (p *Place) TopDevice() string {
+	if p.Crypt != nil {
+		return p.Crypt.Path
+	}
+	return p.Device
 }
 
 func describeFS(fsType, dev string) string {
@@ -123,6 +146,27 @@ func (v *Volumes) Locate(ctx context.Context, vol Volume, path string) (*Place, 
 	}
 	if p.Device == "" && p.Record != nil && !p.Info.MountRoot {
 		p.Device = p.Record.Device
+		if p.Record.CryptName != "" {
+			// A block stage of an encrypted volume: its mapping, if it
+			// is still open on the recorded device.
+			m, err := v.host.CryptMappingByName(p.Record.CryptName)
+			if err != nil {
+				return nil, err
+			}
+			if m.Found() && m.Backing == p.Device {
+				p.Crypt = &m
+			}
+		}
+	} else if p.Device != "" {
+		// A mount or bind of a dm-crypt mapping is the volume's whose
+		// device the mapping decrypts.
+		m, err := v.host.CryptMapping(p.Device)
+		if err != nil {
+			return nil, err
+		}
+		if m.Found() {
+			p.Crypt, p.Device = &m, m.Backing
+		}
 	}
 
 	if p.Device != "" && (p.Info.MountRoot || p.Record == nil || p.Record.VolumeID == vol.ID) {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
@@ -29,6 +30,11 @@ type LinuxHost struct {
 	// programsHaveCapability tells whether the programs the host runs
 	// get a capability; tests replace it.
 	programsHaveCapability func(capBit uint) (bool, error)
+	// procMisc and sysDevBlock are /proc/misc and /sys/dev/block, where
+	// the device mapper and its mappings are read (crypt.go).
+	procMisc, sysDevBlock string
+	// cryptReady: dm-crypt was found usable once; it stays so.
+	cryptReady atomic.Bool
 }
 
 // NewLinuxHost returns the real host, running its commands through run.
@@ -37,6 +43,7 @@ func NewLinuxHost(run *command.Runner) *LinuxHost {
 		run: run, kernel: linuxMounts{}, mountInfoPath: "/proc/self/mountinfo",
 		deviceSize: BlockDeviceSize, blockDeviceAt: BlockDeviceAt,
 		programsHaveCapability: programsHaveCapability,
+		procMisc:               "/proc/misc", sysDevBlock: "/sys/dev/block",
 	}
 }
 

@@ -17,13 +17,19 @@ import (
 // one; NodeUnstageVolume itself never needs it, since it finds the volume's
 // devices and mounts from the kernel.
 type StageRecord struct {
-	Version    int       `json:"version"`
-	VolumeID   string    `json:"volumeID"`
-	Device     string    `json:"device"`
-	AccessType string    `json:"accessType"` // mount or block
-	FsType     string    `json:"fsType,omitempty"`
-	ReadOnly   bool      `json:"readOnly"`
-	StagedAt   time.Time `json:"stagedAt"`
+	Version    int    `json:"version"`
+	VolumeID   string `json:"volumeID"`
+	Device     string `json:"device"`
+	AccessType string `json:"accessType"` // mount or block
+	FsType     string `json:"fsType,omitempty"`
+	// CryptName and Mapper: the volume is encrypted, and Device is opened
+	// as dm-crypt mapping CryptName (/dev/mapper/CryptName), whose device
+	// node Mapper (/dev/dm-N) holds the filesystem or is what a block
+	// publish binds.
+	CryptName string    `json:"cryptName,omitempty"`
+	Mapper    string    `json:"mapper,omitempty"`
+	ReadOnly  bool      `json:"readOnly"`
+	StagedAt  time.Time `json:"stagedAt"`
 	// BootID is the node's boot (Boot.ID) the record was written in: a
 	// record from an earlier boot describes mounts and devices that are
 	// gone (ForgetEarlierBoots).
@@ -35,6 +41,15 @@ type StageRecord struct {
 	// whole mount table. nil in records of drivers that did not keep
 	// them; the mount table is read then.
 	Publishes *[]string `json:"publishes,omitempty"`
+}
+
+// TopDevice is the device the volume's data is used through: the dm-crypt
+// mapping of an encrypted volume, Device otherwise.
+func (r *StageRecord) TopDevice() string {
+	if r.Mapper != "" {
+		return r.Mapper
+	}
+	return r.Device
 }
 
 const (

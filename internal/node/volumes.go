@@ -71,6 +71,8 @@ type StageRequest struct {
 	ReadOnly       bool
 	MkfsOptions    []string
 	PublishContext map[string]string
+	// Encryption, when set, puts the volume's data under dm-crypt (LUKS2).
+	Encryption *Encryption
 }
 
 const (
@@ -114,6 +116,15 @@ func (v *Volumes) Stage(ctx context.Context, r StageRequest) error {
 	if err != nil {
 		return err
 	}
+	var keys [][]byte
+	if r.Encryption != nil {
+		// Before anything is attached: a node that cannot decrypt, or a
+		// KMS that does not answer, leaves nothing to undo.
+		if keys, err = v.encryptionKeys(ctx, r); err != nil {
+			return err
+		}
+		defer clearKeys(keys)
+	}
 	attached, err := r.Attacher.Devices(ctx, r.Image)
 	if err != nil {
 		return err
@@ -130,19 +141,33 @@ func (v *Volumes) Stage(ctx context.Context, r StageRequest) error {
 		return err
 	}
 	// A device that was attached before this stage is not this stage's
-	// to take away when it fails.
-	reused := slices.ContainsFunc(attached, func(d backend.Device) bool { return d.Path == dev.Path })
+	// to take away when it fails, nor a mapping that was open before.
+	undo := stageUndo{vol: r.Volume, staging: r.StagingPath, device: dev.Path, top: dev.Path,
+		keepAttached: slices.ContainsFunc(attached, func(d backend.Device) bool { return d.Path == dev.Path })}
 	if dev.AccessType != "" && dev.AccessType != r.Access {
-		v.rollbackStage(r.Volume, r.StagingPath, dev.Path, reused)
+		v.rollbackStage(undo)
 		return errdefs.InvalidArgument("volume %s was created for %s access, not %s; staging it as %s could overwrite its data", r.ID, dev.AccessType, r.Access, r.Access)
 	}
+	var crypt *CryptMapping
+	if r.Encryption != nil {
+		var opened bool
+		crypt, opened, err = v.openEncrypted(ctx, r, dev, keys)
+		if err != nil {
+			v.rollbackStage(undo)
+			return err
+		}
+		undo.top = crypt.Path
+		if opened {
+			undo.cryptName = crypt.Name
+		}
+	}
 	if r.Access == backend.AccessBlock {
-		err = v.stageBlock(r, dev, p.Record)
+		err = v.stageBlock(r, dev, crypt, p.Record)
 	} else {
-		err = v.stageFilesystem(ctx, r, dev, p.Record)
+		err = v.stageFilesystem(ctx, r, dev, crypt, p.Record)
 	}
 	if err != nil {
-		v.rollbackStage(r.Volume, r.StagingPath, dev.Path, reused)
+		v.rollbackStage(undo)
 		return err
 	}
 	return nil
@@ -176,18 +201,18 @@ func stagedAsAsked(p *Place, r StageRequest) (bool, error) {
 // node. Only then is the mount table read, to say where.
 func (v *Volumes) refuseStagedElsewhere(vol Volume, attached []backend.Device) error {
 	for _, d := range attached {
-		held, err := v.host.DeviceHeld(d.Path)
+		held, err := v.heldDevice(vol, d.Path)
 		if err != nil {
 			return err
 		}
-		if !held {
+		if held == "" {
 			continue
 		}
 		where := "another path"
-		if m := v.mountOfDevice(d.Path); m != "" {
+		if m := v.mountOfDevice(held); m != "" {
 			where = m
 		}
-		return errdefs.Precondition("volume %s is already staged on this node at %s (its device %s is mounted there); a volume is staged at one path per node", vol.ID, where, d.Path)
+		return errdefs.Precondition("volume %s is already staged on this node at %s (its device %s is mounted there); a volume is staged at one path per node", vol.ID, where, held)
 	}
 	return nil
 }
@@ -213,28 +238,33 @@ func (v *Volumes) mountOfDevice(dev string) string {
 
 // newRecord is the stage record of a stage that starts now, keeping the
 // publishes an earlier record of the same volume at the path listed.
-func newRecord(r StageRequest, dev *backend.Device, previous *StageRecord, fsType string) StageRecord {
+func newRecord(r StageRequest, dev *backend.Device, crypt *CryptMapping, previous *StageRecord, fsType string) StageRecord {
 	publishes := []string{}
 	if previous != nil && previous.VolumeID == r.ID && previous.Publishes != nil {
 		publishes = *previous.Publishes
 	}
-	return StageRecord{VolumeID: r.ID, Device: dev.Path, AccessType: string(r.Access), FsType: fsType, ReadOnly: dev.ReadOnly, Publishes: &publishes}
+	rec := StageRecord{VolumeID: r.ID, Device: dev.Path, AccessType: string(r.Access), FsType: fsType, ReadOnly: dev.ReadOnly, Publishes: &publishes}
+	if crypt != nil {
+		rec.CryptName, rec.Mapper = crypt.Name, crypt.Path
+	}
+	return rec
 }
 
 // stageBlock only records the device: publish binds the device itself.
-func (v *Volumes) stageBlock(r StageRequest, dev *backend.Device, previous *StageRecord) error {
+func (v *Volumes) stageBlock(r StageRequest, dev *backend.Device, crypt *CryptMapping, previous *StageRecord) error {
 	if err := v.host.MakeDir(filepath.Dir(r.StagingPath)); err != nil {
 		return err
 	}
-	if err := writeStageRecord(v.host, r.StagingPath, newRecord(r, dev, previous, "")); err != nil {
+	if err := writeStageRecord(v.host, r.StagingPath, newRecord(r, dev, crypt, previous, "")); err != nil {
 		return fmt.Errorf("write stage record: %w", err)
 	}
 	return nil
 }
 
-// stageFilesystem formats the device once (never a device that holds
-// anything) and mounts it at the staging path.
-func (v *Volumes) stageFilesystem(ctx context.Context, r StageRequest, dev *backend.Device, previous *StageRecord) error {
+// stageFilesystem formats the device (an encrypted volume's dm-crypt
+// mapping) once, never a device that holds anything, and mounts it at the
+// staging path.
+func (v *Volumes) stageFilesystem(ctx context.Context, r StageRequest, dev *backend.Device, crypt *CryptMapping, previous *StageRecord) error {
 	fsName := r.FsType
 	if fsName == "" {
 		fsName = dev.FsType
@@ -246,11 +276,15 @@ func (v *Volumes) stageFilesystem(ctx context.Context, r StageRequest, dev *back
 	if err != nil {
 		return err
 	}
-	if err := writeStageRecord(v.host, r.StagingPath, newRecord(r, dev, previous, fs.Name)); err != nil {
+	if err := writeStageRecord(v.host, r.StagingPath, newRecord(r, dev, crypt, previous, fs.Name)); err != nil {
 		return fmt.Errorf("write stage record: %w", err)
 	}
+	top := dev.Path
+	if crypt != nil {
+		top = crypt.Path
+	}
 	formatted, err := stageFilesystem(ctx, v.observed(), FormatRequest{
-		Device:           dev.Path,
+		Device:           top,
 		Filesystem:       fs,
 		MkfsOptions:      r.MkfsOptions,
 		AlreadyFormatted: dev.Formatted,
@@ -259,7 +293,7 @@ func (v *Volumes) stageFilesystem(ctx context.Context, r StageRequest, dev *back
 		return r.Attacher.RecordFormatted(ctx, r.Image, fs.Name)
 	})
 	if formatted {
-		v.log.Info("formatted volume", zap.String("volumeID", r.ID), zap.String("device", dev.Path), zap.String("fsType", fs.Name))
+		v.log.Info("formatted volume", zap.String("volumeID", r.ID), zap.String("device", top), zap.String("fsType", fs.Name))
 	}
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", r.ID, err)
@@ -286,28 +320,47 @@ func (o observedHost) Mkfs(ctx context.Context, fs Filesystem, options []string,
 	return err
 }
 
+// stageUndo is what a failing stage built and must take away again.
+type stageUndo struct {
+	vol     Volume
+	staging string
+	device  string // the attached device
+	top     string // the device the filesystem is on: device, or the mapping
+	// cryptName is the dm-crypt mapping this stage opened ("" when none
+	// or when it was open before).
+	cryptName    string
+	keepAttached bool // the device was attached before this stage
+}
+
 // rollbackStage undoes a stage that failed part-way: the mount of this
-// stage's device at the staging path, the device unless it was attached
-// before, and the record. Its own failures are logged, since the caller's
-// error is the one that matters; if the device cannot be detached the
-// record stays, so that an unstage can still find it.
-func (v *Volumes) rollbackStage(vol Volume, staging, device string, keepAttached bool) {
+// stage's device at the staging path, the dm-crypt mapping it opened, the
+// device unless it was attached before, and the record. Its own failures
+// are logged, since the caller's error is the one that matters; if the
+// device cannot be detached the record stays, so that an unstage can
+// still find it.
+func (v *Volumes) rollbackStage(u stageUndo) {
 	ctx := context.Background()
-	if info, err := v.host.Stat(staging); err == nil && info.MountRoot && v.host.DevicePath(info.Source) == device {
-		if err := v.host.Unmount(ctx, staging); err != nil {
-			v.log.Error("rollback of a failed stage: unmount", zap.String("volumeID", vol.ID), zap.Error(err))
+	if info, err := v.host.Stat(u.staging); err == nil && info.MountRoot && v.host.DevicePath(info.Source) == u.top {
+		if err := v.host.Unmount(ctx, u.staging); err != nil {
+			v.log.Error("rollback of a failed stage: unmount", zap.String("volumeID", u.vol.ID), zap.Error(err))
 			return
 		}
 	}
-	if !keepAttached {
-		if err := vol.Attacher.Detach(ctx, vol.Image, device); err != nil {
-			v.log.Error("rollback of a failed stage: detach", zap.String("volumeID", vol.ID), zap.String("device", device), zap.Error(err))
+	if u.cryptName != "" {
+		if err := v.host.LUKSClose(ctx, u.cryptName); err != nil {
+			v.log.Error("rollback of a failed stage: close dm-crypt mapping", zap.String("volumeID", u.vol.ID), zap.String("mapping", u.cryptName), zap.Error(err))
 			return
 		}
 	}
-	if rec, err := readStageRecord(v.host, staging); err == nil && rec.VolumeID == vol.ID {
-		if err := removeStageRecord(v.host, staging); err != nil {
-			v.log.Error("rollback of a failed stage: remove stage record", zap.String("volumeID", vol.ID), zap.Error(err))
+	if !u.keepAttached {
+		if err := u.vol.Attacher.Detach(ctx, u.vol.Image, u.device); err != nil {
+			v.log.Error("rollback of a failed stage: detach", zap.String("volumeID", u.vol.ID), zap.String("device", u.device), zap.Error(err))
+			return
+		}
+	}
+	if rec, err := readStageRecord(v.host, u.staging); err == nil && rec.VolumeID == u.vol.ID {
+		if err := removeStageRecord(v.host, u.staging); err != nil {
+			v.log.Error("rollback of a failed stage: remove stage record", zap.String("volumeID", u.vol.ID), zap.Error(err))
 		}
 	}
 }
@@ -361,11 +414,11 @@ func (v *Volumes) Unstage(ctx context.Context, vol Volume, staging string) error
 			return err
 		}
 		for _, d := range devs {
-			if held, err := v.host.DeviceHeld(d.Path); err != nil {
+			if held, err := v.heldDevice(vol, d.Path); err != nil {
 				return err
-			} else if held {
-				where := v.mountOfDevice(d.Path)
-				return errdefs.Precondition("volume %s is not staged at %s, but its device %s is mounted at %s; unpublish and unstage it where it is", vol.ID, staging, d.Path, where)
+			} else if held != "" {
+				where := v.mountOfDevice(held)
+				return errdefs.Precondition("volume %s is not staged at %s, but its device %s is mounted at %s; unpublish and unstage it where it is", vol.ID, staging, held, where)
 			}
 		}
 	}
@@ -373,6 +426,9 @@ func (v *Volumes) Unstage(ctx context.Context, vol Volume, staging string) error
 		if err := v.host.Unmount(ctx, staging); err != nil {
 			return err
 		}
+	}
+	if err := v.closeCrypt(ctx, vol); err != nil {
+		return err
 	}
 	if err := vol.Attacher.Detach(ctx, vol.Image, ""); err != nil {
 		return err
@@ -418,7 +474,13 @@ func (v *Volumes) publishedHere(ctx context.Context, vol Volume, p *Place, targe
 	if !info.IsBlockDevice() {
 		return false, nil
 	}
-	mine, _, err := identify(ctx, vol, v.host.DevicePath(info.Rdev))
+	dev := v.host.DevicePath(info.Rdev)
+	if m, err := v.host.CryptMapping(dev); err != nil {
+		return false, err
+	} else if m.Found() {
+		dev = m.Backing // a bind of the volume's dm-crypt mapping
+	}
+	mine, _, err := identify(ctx, vol, dev)
 	return mine, err
 }
 
@@ -560,6 +622,9 @@ func stagedFor(sp *Place, r PublishRequest) error {
 		if !sp.Attached {
 			return errdefs.Precondition("device %s staged for volume %s is no longer attached; stage the volume again", sp.Record.Device, r.ID)
 		}
+		if sp.Record.CryptName != "" && sp.Crypt == nil {
+			return errdefs.Precondition("dm-crypt mapping %s of volume %s is no longer open on %s; stage the volume again", sp.Record.CryptName, r.ID, sp.Record.Device)
+		}
 		return nil
 	}
 	return notStaged("")
@@ -640,6 +705,12 @@ func (v *Volumes) bind(ctx context.Context, source, target string, readOnly bool
 // read-only bind of a device node does not stop writes to the device.
 func (v *Volumes) bindDevice(ctx context.Context, r PublishRequest, sp *Place) (err error) {
 	source := sp.Device
+	if sp.Crypt != nil {
+		if r.ReadOnly && !sp.Crypt.ReadOnly {
+			return errdefs.InvalidArgument("volume %s is encrypted and staged writable; a read-only block publish of it would need a second read-only dm-crypt mapping, which Spindle does not make: publish it read-write, or stage it read-only", r.ID)
+		}
+		return v.bind(ctx, sp.Crypt.Path, r.TargetPath, r.ReadOnly)
+	}
 	if r.ReadOnly && !sp.DeviceReadOnly {
 		ro, err := r.Attacher.Attach(ctx, backend.AttachRequest{
 			ImageID: r.Image, NodeID: v.opts.NodeID, PublishContext: r.PublishContext, ReadOnly: true,

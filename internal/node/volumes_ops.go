@@ -3,6 +3,9 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
+
+	"github.com/spindle-csi/spindle/internal/backend"
 
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -24,6 +27,12 @@ func (v *Volumes) Expand(ctx context.Context, vol Volume, path, staging string, 
 	if requiredBytes > size {
 		return 0, errdefs.OutOfRange("volume %s is %d bytes on this node, less than the %d bytes asked for; expand it with ControllerExpandVolume first", vol.ID, size, requiredBytes)
 	}
+	if p.Crypt != nil && !p.Crypt.ReadOnly {
+		// The mapping first, then the filesystem on it.
+		if err := v.host.LUKSResize(ctx, p.Crypt.Name); err != nil {
+			return 0, err
+		}
+	}
 	if !p.Filesystem() {
 		return size, nil
 	}
@@ -33,7 +42,7 @@ func (v *Volumes) Expand(ctx context.Context, vol Volume, path, staging string, 
 			growAt = staging
 		}
 	}
-	if err := v.host.GrowFilesystem(ctx, p.Device, p.Info.FsType, growAt); err != nil {
+	if err := v.host.GrowFilesystem(ctx, p.TopDevice(), p.Info.FsType, growAt); err != nil {
 		return 0, err
 	}
 	return size, nil
@@ -75,7 +84,7 @@ func (v *Volumes) Stats(ctx context.Context, vol Volume, path string) (VolumeSta
 		return VolumeStats{}, err
 	}
 	if p.DeviceBind() {
-		size, err := v.host.DeviceSize(p.Device)
+		size, err := v.host.DeviceSize(p.TopDevice())
 		if err != nil {
 			return VolumeStats{}, err
 		}
@@ -120,14 +129,20 @@ func (v *Volumes) stagedDevice(ctx context.Context, vol Volume, staging string) 
 		}
 		switch {
 		case p.Record != nil && p.Record.VolumeID == vol.ID:
-			return p.Record.Device, p.Record.AccessType == "block", nil
+			return p.Record.TopDevice(), p.Record.AccessType == "block", nil
 		case p.Mine && p.Filesystem():
-			return p.Device, false, nil
+			return p.TopDevice(), false, nil
 		}
 	}
 	devs, err := vol.Attacher.Devices(ctx, vol.Image)
 	if err != nil {
 		return "", false, err
+	}
+	// An encrypted volume is used through its mapping, if it is open.
+	if m, err := v.host.CryptMappingByName(CryptName(vol.ID)); err != nil {
+		return "", false, err
+	} else if m.Found() && slices.ContainsFunc(devs, func(d backend.Device) bool { return d.Path == m.Backing }) {
+		return m.Path, false, nil
 	}
 	for _, d := range devs {
 		if !d.ReadOnly {

@@ -48,8 +48,3 @@ type AdoptedVolume struct {
 	OpenBy []string `json:"openBy,omitempty"`
 	DryRun bool     `json:"dryRun,omitempty"`
 }
-
-// AdoptError is the body of a failed request.
-type AdoptError struct {
-	Error string `json:"error"`
-}

@@ -9,6 +9,16 @@
 //	GET /healthz   200 "ok", or 503 with the reason a backend's probe failed
 //	GET /volumes   NodeVolumes (node plugins only; 404 on a controller)
 //	GET /images    Images (controllers only; 404 on a node plugin)
+//	POST /encryption/rotate-key  controllers: RotateKeyRequest -> KeyRotation,
+//	               the first step of a key rotation (kubectl spindle
+//	               rotate-key): the next passphrase made, wrapped, recorded
+//	POST /encryption/rekey       node plugins: KeyRotation -> RotatedKey, the
+//	               LUKS header of the volume staged there rekeyed
+//	POST /encryption/commit-key  controllers: CommitKeyRequest -> {}, the
+//	               next key becomes the volume's
+//
+// Errors of the POST endpoints are {"error": "..."} with an HTTP status
+// (400, 404, 409 busy, 412 precondition, 503).
 package opsapi
 
 import "time"
@@ -19,7 +29,50 @@ const (
 	PathHealthz = "/healthz"
 	PathVolumes = "/volumes"
 	PathImages  = "/images"
+	// Key rotation (POST).
+	PathRotateKey = "/encryption/rotate-key"
+	PathRekey     = "/encryption/rekey"
+	PathCommitKey = "/encryption/commit-key"
 )
+
+// RotateKeyRequest asks the controller to start (or resume) a key rotation
+// of an encrypted volume. Secrets are the KMS's request secrets (the
+// StorageClass's provisioner Secret, for the built-in secrets KMS).
+type RotateKeyRequest struct {
+	VolumeID string            `json:"volumeID"`
+	Secrets  map[string]string `json:"secrets,omitempty"`
+}
+
+// KeyRotation is a rotation under way: the controller's answer, and what
+// the node that stages the volume is sent (with Secrets) to rekey the LUKS
+// header. The keys are wrapped; no passphrase travels.
+type KeyRotation struct {
+	VolumeID       string            `json:"volumeID"`
+	KMSID          string            `json:"kmsID"`
+	KeyOwner       string            `json:"keyOwner"`
+	WrappedKey     string            `json:"wrappedKey"`
+	NextWrappedKey string            `json:"nextWrappedKey"`
+	Secrets        map[string]string `json:"secrets,omitempty"`
+}
+
+// RotatedKey is the node's answer: where the rekeyed volume is staged.
+type RotatedKey struct {
+	VolumeID    string `json:"volumeID"`
+	Node        string `json:"node"`
+	StagingPath string `json:"stagingPath"`
+}
+
+// CommitKeyRequest makes the next key of a rotation the volume's key, once
+// the node has rekeyed its header.
+type CommitKeyRequest struct {
+	VolumeID       string `json:"volumeID"`
+	NextWrappedKey string `json:"nextWrappedKey"`
+}
+
+// Error is the body of a failed POST.
+type Error struct {
+	Error string `json:"error"`
+}
 
 // FormatVersion is the version of the documents below.
 const FormatVersion = 1
@@ -68,6 +121,12 @@ type StagedVolume struct {
 	FsType      string    `json:"fsType,omitempty"`
 	ReadOnly    bool      `json:"readOnly"`
 	StagedAt    time.Time `json:"stagedAt"`
+	// Encrypted: Device is opened with dm-crypt (LUKS2) as CryptMapping
+	// (/dev/mapper/<name>), device node MapperDevice (/dev/dm-N), which
+	// holds the filesystem or is what a block publish binds.
+	Encrypted    bool   `json:"encrypted,omitempty"`
+	CryptMapping string `json:"cryptMapping,omitempty"`
+	MapperDevice string `json:"mapperDevice,omitempty"`
 	// MountState is mounted, missing, dead or wrong-device for a
 	// filesystem volume; empty for a block volume, whose stage mounts nothing.
 	MountState string `json:"mountState,omitempty"`

@@ -111,6 +111,9 @@ mounts are private can run them). */}}
 - --endpoint=unix:///csi/csi.sock
 - --driver-name={{ .Values.driverName }}
 - --config=/etc/spindle/config.yaml
+{{- if .Values.kms }}
+- --kms-config=/etc/spindle/kms.json
+{{- end }}
 - --log-level={{ .Values.driver.logLevel }}
 - --log-format={{ .Values.driver.logFormat }}
 {{- end -}}

@@ -30,4 +30,5 @@ func BenchmarkDataPathISCSI(b *testing.B) {
 	mounted := datapath.Published(b, drv, c, "datapath", s, nil)
 	mode := "iscsi/" + target.Mode.String()
 	datapath.Compare(b, mode, s, datapath.FileSide("volume", mounted), datapath.FileSide("backing", datapath.BackingDir(b, pool)))
+	datapath.CompareEncrypted(b, mode, s, drv, c, mounted)
 }

@@ -33,6 +33,9 @@ func BenchmarkDataPathLoop(b *testing.B) {
 			c := lifecycle.NewClient(drv, nil)
 			target := datapath.Published(b, drv, c, "datapath", s, m.mutable)
 			datapath.Compare(b, m.name, s, datapath.FileSide("volume", target), datapath.FileSide("backing", datapath.BackingDir(b, pool)))
+			if m.mutable == nil {
+				datapath.CompareEncrypted(b, m.name, s, drv, c, target)
+			}
 		})
 	}
 }

@@ -67,4 +67,5 @@ func BenchmarkDataPathRBD(b *testing.B) {
 		b.Fatal(err)
 	}
 	datapath.Compare(b, "rbd/"+cl.Mounter, s, datapath.FileSide("volume", mounted), backing)
+	datapath.CompareEncrypted(b, "rbd/"+cl.Mounter, s, drv, c, mounted)
 }

@@ -157,6 +157,7 @@ func Run(t *testing.T, newFixture Factory) {
 	t.Run("List", func(t *testing.T) { testList(t, newFixture) })
 	t.Run("Expand", func(t *testing.T) { testExpand(t, newFixture) })
 	t.Run("Modify", func(t *testing.T) { testModify(t, newFixture) })
+	t.Run("Encryption", func(t *testing.T) { testEncryption(t, newFixture) })
 	t.Run("Capacity", func(t *testing.T) { testCapacity(t, newFixture) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newFixture) })
 	t.Run("Clone", func(t *testing.T) { testClone(t, newFixture) })

@@ -268,6 +268,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			Parameters:        maps.Clone(spec.Parameters),
 			MutableParameters: maps.Clone(spec.MutableParameters),
 			CreatedAt:         time.Now().UTC().Truncate(time.Second),
+			Encryption:        spec.Encryption.Clone(),
 		}
 		if spec.Source != nil {
 			img, err := s.createCopy(ctx, img, *spec.Source)

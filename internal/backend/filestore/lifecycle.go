@@ -118,3 +118,14 @@ func (s *Store) Capacity(context.Context) (backend.Capacity, error) {
 	}
 	return backend.Capacity{AvailableBytes: avail, MaximumVolumeBytes: avail}, nil
 }
+
+var _ backend.EncryptionKeeper = (*Store)(nil)
+
+// SetEncryption implements backend.EncryptionKeeper.
+func (s *Store) SetEncryption(ctx context.Context, id string, e *backend.Encryption) error {
+	_, err := s.Update(ctx, id, func(img *backend.Image) error {
+		img.Encryption = e.Clone()
+		return nil
+	})
+	return err
+}

@@ -87,6 +87,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 			AccessType:    src.accessType,
 			FsType:        src.fsType,
 			Formatted:     src.formatted,
+			Encryption:    spec.Encryption.Clone(),
 		}
 		if _, err := s.copyImage(ctx, s.snapshotImagePath(id), src, src.sizeBytes); err != nil {
 			return err

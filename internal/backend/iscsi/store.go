@@ -88,6 +88,8 @@ var (
 	_ backend.Snapshotter = (*Store)(nil)
 	_ backend.Ledger      = (*Store)(nil)
 	_ backend.Reconciler  = (*Store)(nil)
+	// Key rotation of an encrypted volume rewrites the image's record.
+	_ backend.EncryptionKeeper = (*Store)(nil)
 )
 
 // Pool is the opened pool directory.
@@ -117,6 +119,16 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	return s.targets.removeRecord(fs, id)
+}
+
+// SetEncryption implements backend.EncryptionKeeper: the pool keeps an
+// image's key as the loop backend's does.
+func (s *Store) SetEncryption(ctx context.Context, id string, e *backend.Encryption) error {
+	fs, err := s.pool.open()
+	if err != nil {
+		return err
+	}
+	return fs.SetEncryption(ctx, id, e)
 }
 
 // Get implements backend.ImageStore and backend.Ledger.

@@ -167,6 +167,51 @@ func TestAdoptCephCSIImage(t *testing.T) {
 	}
 	t.Logf("while rbd watch had it open: the dry run answered open by %v, the adoption was refused", openDry.OpenBy)
 	t.Logf("adopted %s (%d data objects, 64 MiB written) in place: objects and data unchanged; snapshot %s restored as %s with the same data", image, objects, snap.ID, restored.ID)
+
+	// An image ceph-csi encrypted (its encryption state in image-meta, as
+	// ceph-csi sets it) is refused, and gains no record of Spindle's.
+	const encryptedImage = "csi-vol-0c1d5e55-77aa-4c4e-8f5a-0d3b1c9e2f10"
+	if _, err := cl.RBD(ctx, "create", "--size", "64M", "--image-feature", "layering", cl.Pool+"/"+encryptedImage); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.RBD(ctx, "image-meta", "set", cl.Pool+"/"+encryptedImage, "rbd.csi.ceph.com/encrypted", "encrypted"); err != nil {
+		t.Fatal(err)
+	}
+	encID, err := s.StaticImage("0001-0004-test-0000000000000001-0c1d5e55-77aa-4c4e-8f5a-0d3b1c9e2f10", map[string]string{"clusterID": "test", "pool": cl.Pool, "imageName": encryptedImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	encSpec := spec
+	encSpec.ImageID, encSpec.Name = encID, "pvc-encrypted"
+	_, err = s.Adopt(ctx, encSpec)
+	testutil.WantKind(t, err, errdefs.ErrPrecondition, "ceph-csi encrypted this image", "rbd.csi.ceph.com/encrypted")
+	meta, err := cl.RBD(ctx, "image-meta", "list", cl.Pool+"/"+encryptedImage, "--format", "json")
+	if err != nil || strings.Contains(string(meta), "spindle.") {
+		t.Fatalf("the refused image's metadata: %s, %v; want no record of Spindle's", meta, err)
+	}
+}
+
+// SetEncryption (key rotation) rewrites an encrypted volume's record in
+// place, on a volume created with the driver's encryption keys among its
+// parameters (the store reads past them).
+func TestSetEncryption(t *testing.T) {
+	cl := rbdtest.Require(t)
+	inst, _, ctx := controller(t, cl, rbd.Config{}, nil)
+	enc := &backend.Encryption{KMSID: "secrets", KeyOwner: "volume/pvc-enc", WrappedKey: "wrapped-1"}
+	img := mustCreate(t, ctx, inst, backend.VolumeSpec{Name: "pvc-enc", CapacityBytes: 64 * MiB, AccessType: backend.AccessBlock, Encryption: enc,
+		Parameters: map[string]string{"pool": cl.Pool, "encrypted": "true", "encryptionKMSID": "secrets"}})
+	keeper := inst.Store.(backend.EncryptionKeeper)
+	next := enc.Clone()
+	next.NextWrappedKey = "wrapped-2"
+	if err := keeper.SetEncryption(ctx, img.ID, next); err != nil {
+		t.Fatalf("SetEncryption: %v", err)
+	}
+	got, err := inst.Store.Get(ctx, img.ID)
+	if err != nil || got.Encryption == nil || got.Encryption.WrappedKey != "wrapped-1" || got.Encryption.NextWrappedKey != "wrapped-2" || got.Name != "pvc-enc" || got.Parameters["encrypted"] != "true" {
+		t.Fatalf("after SetEncryption: %+v (encryption %+v), %v", got, got.Encryption, err)
+	}
+	err = keeper.SetEncryption(ctx, cl.Pool+"/csi-vol-00000000000000000000000000000000", next)
+	testutil.WantKind(t, err, errdefs.ErrNotFound, "does not exist")
 }
 
 // TestAdoptJournaledImage: an image of ceph-csi's with journaling (which

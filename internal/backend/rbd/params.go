@@ -14,8 +14,8 @@ import (
 // StorageClass and VolumeSnapshotClass parameters of the rbd backend:
 // ceph-csi's, with ceph-csi's meaning, so that a Rook or ceph-csi
 // StorageClass works with only its provisioner changed. The driver keeps
-// its own keys (backend, mkfsOptions, csi.storage.k8s.io/*) and hands the
-// rest here; what a volume was created with is kept in its metadata (the
+// its own keys (backend, mkfsOptions, encrypted, encryptionKMSID,
+// csi.storage.k8s.io/*) and hands the rest here; what a volume was created with is kept in its metadata (the
 // volume record) and read back wherever it matters (the node maps with the
 // volume's mounter and options). A key that needs something Spindle cannot
 // do is refused naming the key and why, never ignored.
@@ -35,7 +35,6 @@ const (
 	ParamStripeCount        = "stripeCount"
 	ParamObjectSize         = "objectSize"
 	ParamTryOtherMounters   = "tryOtherMounters"
-	ParamEncrypted          = "encrypted"
 )
 
 // refusedParameters are ceph-csi's keys that need a capability Spindle
@@ -46,12 +45,11 @@ var refusedParameters = map[string]string{
 	"cephLogStrategy":          "Spindle keeps no per-volume rbd-nbd log files",
 	"thickProvision":           "Spindle's images are thin; it never writes a new image full",
 	"journalPool":              "Spindle keeps a volume's records in the image's own metadata, not in an omap journal",
-	"encryptionKMSID":          encryptionMissing,
-	"encryptionType":           encryptionMissing,
-	"encryptionCipher":         encryptionMissing,
-	"encryptionKeySize":        encryptionMissing,
-	"encryptionSectorSize":     encryptionMissing,
-	"integrityMode":            encryptionMissing,
+	"encryptionType":           encryptionFixed,
+	"encryptionCipher":         encryptionFixed,
+	"encryptionKeySize":        encryptionFixed,
+	"encryptionSectorSize":     encryptionFixed,
+	"integrityMode":            "Spindle's encrypted volumes have no dm-integrity layer",
 }
 
 // qosParameters are ceph-csi's QoS keys: refused, Spindle sets no limits.
@@ -62,23 +60,10 @@ var qosParameters = []string{
 	"baseVolSizeBytes",
 }
 
-// encryptionMissing is why the encryption keys are refused.
-const encryptionMissing = "the rbd backend does not encrypt volumes"
-
-// encryptionRefusal is the one place that decides the encryption keys:
-// encrypted "false" is what Spindle does anyway, "true" is refused, and so
-// are the keys that only matter with it (refusedParameters). When the
-// driver encrypts volumes it takes these keys before the backend sees
-// them, and this goes.
-func encryptionRefusal(v string) error {
-	switch v {
-	case "false":
-		return nil
-	case "true":
-		return errdefs.InvalidArgument("parameters.%s %q is refused: %s", ParamEncrypted, v, encryptionMissing)
-	}
-	return errdefs.InvalidArgument("parameters.%s %q must be \"true\" or \"false\"", ParamEncrypted, v)
-}
+// encryptionFixed is why ceph-csi's encryption tuning keys are refused
+// (encrypted and encryptionKMSID are the driver's, for every backend: the
+// volume is LUKS2 of internal/node's one format).
+const encryptionFixed = "Spindle's encrypted volumes are block-level LUKS2 with one fixed format (aes-xts-plain64, 512-bit key, 4096-byte sectors); it is not chosen per StorageClass"
 
 // Image features ceph-csi takes, and what each needs.
 var featureNeeds = map[string]string{
@@ -196,10 +181,6 @@ func (s *Store) volumeOptionsOf(params map[string]string) (volumeOptions, error)
 				return o, bad("refused: Spindle maps a volume with the one mounter it names and does not fall back to another")
 			default:
 				return o, bad("must be \"true\" or \"false\"")
-			}
-		case ParamEncrypted:
-			if err := encryptionRefusal(v); err != nil {
-				return o, err
 			}
 		default:
 			if why, ok := refusedParameters[k]; ok {

@@ -157,15 +157,19 @@ func TestVolumeParameters(t *testing.T) {
 		{name: "stripeUnit not a number", params: map[string]string{"stripeUnit": "64k"}, refuse: []string{"parameters.stripeUnit", "positive whole number"}},
 		{name: "tryOtherMounters false", params: map[string]string{"tryOtherMounters": "false"}},
 		{name: "tryOtherMounters true", params: map[string]string{"tryOtherMounters": "true"}, refuse: []string{"parameters.tryOtherMounters", "does not fall back"}},
-		{name: "encrypted false", params: map[string]string{"encrypted": "false"}},
-		{name: "encrypted true", params: map[string]string{"encrypted": "true"}, refuse: []string{"parameters.encrypted", "refused", "does not encrypt"}},
-		{name: "encrypted other", params: map[string]string{"encrypted": "yes"}, refuse: []string{"parameters.encrypted"}},
-		{name: "encryptionKMSID", params: map[string]string{"encryptionKMSID": "vault"}, refuse: []string{"parameters.encryptionKMSID", "does not encrypt"}},
-		{name: "encryptionType", params: map[string]string{"encryptionType": "block"}, refuse: []string{"parameters.encryptionType", "does not encrypt"}},
+		// encrypted and encryptionKMSID are the driver's, with ceph-csi's
+		// meaning (internal/driver/encryption.go validates them): a
+		// volume's record holds them, and the store reads past them.
+		{name: "encrypted true", params: map[string]string{"encrypted": "true", "encryptionKMSID": "vault"}, check: func(t *testing.T, o volumeOptions) {
+			if want := []string{"--image-feature", "layering"}; !slices.Equal(o.imageArgs(o.features), want) {
+				t.Fatalf("image args %q, want %q: the encryption keys shape nothing of the image", o.imageArgs(o.features), want)
+			}
+		}},
+		{name: "encryptionType", params: map[string]string{"encryptionType": "block"}, refuse: []string{"parameters.encryptionType", "refused", "LUKS2", "fixed"}},
 		{name: "encryptionCipher", params: map[string]string{"encryptionCipher": "aes-xts-plain64"}, refuse: []string{"parameters.encryptionCipher"}},
 		{name: "encryptionKeySize", params: map[string]string{"encryptionKeySize": "256"}, refuse: []string{"parameters.encryptionKeySize"}},
 		{name: "encryptionSectorSize", params: map[string]string{"encryptionSectorSize": "4096"}, refuse: []string{"parameters.encryptionSectorSize"}},
-		{name: "integrityMode", params: map[string]string{"integrityMode": "hmac-sha256"}, refuse: []string{"parameters.integrityMode"}},
+		{name: "integrityMode", params: map[string]string{"integrityMode": "hmac-sha256"}, refuse: []string{"parameters.integrityMode", "dm-integrity"}},
 		{name: "topologyConstrainedPools", params: map[string]string{"topologyConstrainedPools": "[]"}, refuse: []string{"parameters.topologyConstrainedPools", "topology"}},
 		{name: "cephLogDir", params: map[string]string{"cephLogDir": "/var/log/ceph"}, refuse: []string{"parameters.cephLogDir", "log files"}},
 		{name: "cephLogStrategy", params: map[string]string{"cephLogStrategy": "remove"}, refuse: []string{"parameters.cephLogStrategy", "log files"}},

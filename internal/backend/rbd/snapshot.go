@@ -64,7 +64,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	}
 	rec := snapshotRecord{
 		SourceImageID: src.ID, SizeBytes: src.CapacityBytes, CreatedAt: time.Now().UTC().Truncate(time.Second),
-		AccessType: src.AccessType, FsType: src.FsType, Formatted: src.Formatted,
+		AccessType: src.AccessType, FsType: src.FsType, Formatted: src.Formatted, Encryption: spec.Encryption,
 	}
 	features := snapshotImageFeatures(userFeatures(srcInfo.Features))
 	build := func(tmp ref) error {
@@ -121,6 +121,7 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, 
 	return &backend.Snapshot{
 		ID: id, Name: meta[metaName], SourceImageID: rec.SourceImageID, SizeBytes: rec.SizeBytes,
 		CreatedAt: rec.CreatedAt, ReadyToUse: true, AccessType: rec.AccessType, FsType: rec.FsType, Formatted: rec.Formatted,
+		Encryption: rec.Encryption,
 	}, nil
 }
 

@@ -21,6 +21,27 @@ import (
 // dynamically provisioned ceph-csi volume names its image in the
 // attribute imageName, which kubectl spindle adopt reads (Adopt).
 
+// cephCSIEncryptionKeys are the image-meta keys ceph-csi keeps on an image
+// it encrypts (its encryption state, and with its metadata KMS the wrapped
+// data key), in its current and its earlier spelling. Such an image holds
+// LUKS whose key only ceph-csi's KMS has.
+var cephCSIEncryptionKeys = []string{
+	"rbd.csi.ceph.com/encrypted", ".rbd.csi.ceph.com/encrypted",
+	"rbd.csi.ceph.com/dek", ".rbd.csi.ceph.com/dek",
+}
+
+// refuseCephCSIEncrypted refuses an image ceph-csi encrypted: adopted as a
+// plain volume, its workload would get a LUKS header, not its filesystem,
+// and Spindle cannot open it (its key is in ceph-csi's KMS).
+func refuseCephCSIEncrypted(r ref, meta map[string]string) error {
+	for _, k := range cephCSIEncryptionKeys {
+		if v, ok := meta[k]; ok && v != "" {
+			return errdefs.Precondition("adopt %s: ceph-csi encrypted this image (image-meta %s): its data is LUKS whose key is in ceph-csi's KMS, which Spindle cannot read, so it cannot become a Spindle volume in place; copy its data onto a Spindle volume (encrypted: \"true\" for one encrypted by Spindle) instead", r.spec(), k)
+		}
+	}
+	return nil
+}
+
 // AttrImageName is the volumeAttributes key of a ceph-csi PersistentVolume
 // that names its image (dynamically provisioned ones have it).
 const AttrImageName = "imageName"
@@ -179,6 +200,9 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ado
 		return nil, errdefs.NotFound("adopt: image %s does not exist", r.spec())
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := refuseCephCSIEncrypted(r, meta); err != nil {
 		return nil, err
 	}
 	if name, ok := meta[metaName]; ok {

@@ -62,16 +62,18 @@ type volumeRecord struct {
 	Parameters map[string]string      `json:"parameters,omitempty"`
 	Source     *backend.ContentSource `json:"source,omitempty"`
 	CreatedAt  time.Time              `json:"createdAt"`
+	Encryption *backend.Encryption    `json:"encryption,omitempty"`
 }
 
 // snapshotRecord is what a snapshot image keeps.
 type snapshotRecord struct {
-	SourceImageID string             `json:"sourceImageID"`
-	SizeBytes     int64              `json:"sizeBytes"`
-	CreatedAt     time.Time          `json:"createdAt"`
-	AccessType    backend.AccessType `json:"accessType"`
-	FsType        string             `json:"fsType,omitempty"`
-	Formatted     bool               `json:"formatted"`
+	SourceImageID string              `json:"sourceImageID"`
+	SizeBytes     int64               `json:"sizeBytes"`
+	CreatedAt     time.Time           `json:"createdAt"`
+	AccessType    backend.AccessType  `json:"accessType"`
+	FsType        string              `json:"fsType,omitempty"`
+	Formatted     bool                `json:"formatted"`
+	Encryption    *backend.Encryption `json:"encryption,omitempty"`
 }
 
 // hashedName is prefix + the first 128 bits of SHA-256(csiName) in hex.
@@ -200,7 +202,7 @@ func (s *Store) decode(id string, info *rbdImage, meta map[string]string) (*back
 	}
 	img := &backend.Image{
 		ID: id, Name: name, CapacityBytes: info.Size, AccessType: rec.AccessType, FsType: rec.FsType,
-		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt,
+		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt, Encryption: rec.Encryption,
 	}
 	if fs := meta[metaFormatted]; fs != "" {
 		img.Formatted, img.FsType = true, fs
@@ -285,7 +287,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		return nil, err
 	}
 
-	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC()}
+	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC(), Encryption: spec.Encryption}
 	formatted := ""
 	var build func(tmp ref) error
 	depth := 0 // copy-on-write parents of the new image
@@ -879,4 +881,29 @@ func (k *keyedMutex) lock(key string) func() {
 		}
 		k.mu.Unlock()
 	}
+}
+
+var _ backend.EncryptionKeeper = (*Store)(nil)
+
+// SetEncryption implements backend.EncryptionKeeper: the spindle.volume
+// metadata is rewritten with the new Encryption.
+func (s *Store) SetEncryption(ctx context.Context, id string, e *backend.Encryption) error {
+	r, err := s.volumeRef(id)
+	if err != nil {
+		return err
+	}
+	defer s.locks.lock(id)()
+	_, meta, err := s.read(ctx, r)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return errdefs.NotFound("volume %s does not exist", id)
+	}
+	if err != nil {
+		return err
+	}
+	var rec volumeRecord
+	if err := json.Unmarshal([]byte(meta[metaVolume]), &rec); err != nil || meta[metaVolume] == "" {
+		return fmt.Errorf("image %s: metadata %s is not a volume record", r.spec(), metaVolume)
+	}
+	rec.Encryption = e.Clone()
+	return s.setMeta(ctx, r, map[string]string{metaVolume: mustJSON(rec)})
 }
