@@ -23,7 +23,13 @@ const postgresImage = "local.test/postgres:15"
 
 // The server listens only on its socket in /tmp: the pods share the
 // host's network, and the socket keeps them off any port of the machine.
-const pgStart = `spindle-postgres -c listen_addresses= & pg=$!
+// A restored snapshot of a running server holds its postmaster.pid, which
+// names a PID of the old pod; in this pod's own PID namespace that PID can
+// be one of this script's children (pg_isready, sleep), and PostgreSQL then
+// refuses to start ("lock file postmaster.pid already exists"). No other
+// server can use this pod's claim, so a lock file found here is stale.
+const pgStart = `rm -f "$PGDATA/postmaster.pid"
+spindle-postgres -c listen_addresses= & pg=$!
 until pg_isready -h /tmp -q; do kill -0 $pg || exit 1; sleep 1; done
 `
 
