@@ -187,7 +187,7 @@ SCRIPT
     -file "$tmp/passwd:/etc/passwd" -file "$tmp/group:/etc/group"
     -file "$tmp/spindle-postgres:/usr/local/bin/spindle-postgres"
     -tree "$share" -file /usr/share/zoneinfo/Etc/UTC:/usr/share/zoneinfo/UTC
-    -program sh -program sleep -program cat -program locale
+    -program sh -program sleep -program cat -program rm -program locale
     -dir /var/lib/postgresql -env TZ=UTC -env PGDATA=/var/lib/postgresql/data/pgdata
     -entrypoint /usr/local/bin/spindle-postgres)
   local p f

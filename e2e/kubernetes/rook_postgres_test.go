@@ -40,7 +40,7 @@ const pgSum = `psql -h /tmp -U postgres -v ON_ERROR_STOP=1 -Atq -c "SELECT count
 // postgresPod runs script (sh -e, after the server started on the
 // claim's data) in a PostgreSQL pod on claim; ready says the pod is
 // Ready only once /tmp/ready exists and the server answers. The image
-// has sh, sleep and cat besides PostgreSQL's programs (hack/images.sh).
+// has sh, sleep, cat and rm besides PostgreSQL's programs (hack/images.sh).
 func (c *cluster) postgresPod(t *testing.T, ns, name, claim, script string, ready bool) {
 	t.Helper()
 	uid, grace, noToken := int64(999), int64(30), false
