@@ -124,12 +124,7 @@ func (c *command) describeCommand() *cobra.Command {
 		Long: `describe takes a claim in the namespace (-n), pvc/NAME, pv/NAME or a volume
 handle (loop/default/pvc-...), and follows it to the device, the staging
 path and the mount on each node, as that node's plugin reports them.`,
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return errors.New("describe takes one PVC, PV or volume ID")
-			}
-			return nil
-		},
+		Args:              oneArgument("describe takes one PVC, PV or volume ID"),
 		ValidArgsFunction: c.completeVolume,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.makeClients(c.o)
@@ -157,12 +152,7 @@ volume adds it to a free LUKS keyslot, proves it opens the volume, and
 destroys the old keyslot; the controller then records the new key. The data
 and the volume key do not change, so nothing is unmounted. A rotation that
 stopped part-way is finished by running rotate-key again.`,
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return errors.New("rotate-key takes one PVC, PV or volume ID")
-			}
-			return nil
-		},
+		Args:              oneArgument("rotate-key takes one PVC, PV or volume ID"),
 		ValidArgsFunction: c.completeVolume,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.makeClients(c.o)
@@ -204,12 +194,7 @@ deployments, statefulsets and replicasets; create and delete on
 persistentvolumes and persistentvolumeclaims; get on the Secret the
 StorageClass names for the provisioner (or --secret); and create on
 pods/proxy in the driver's namespace.`,
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return errors.New("adopt takes one claim: pvc/NAME")
-			}
-			return nil
-		},
+		Args: oneArgument("adopt takes one claim: pvc/NAME"),
 		ValidArgsFunction: func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		},
@@ -313,4 +298,15 @@ func (c *command) completeVolume(cmd *cobra.Command, args []string, toComplete s
 		}
 	}
 	return matching, cobra.ShellCompDirectiveNoFileComp
+}
+
+// oneArgument is a cobra Args check for the commands that name one volume:
+// anything but one argument is refused with message.
+func oneArgument(message string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != 1 {
+			return errors.New(message)
+		}
+		return nil
+	}
 }
