@@ -74,7 +74,7 @@ func (m *memBackend) Create(_ context.Context, spec backend.VolumeSpec) (*backen
 		return img.Clone(), nil
 	}
 	img := &backend.Image{ID: id, Name: spec.Name, CapacityBytes: spec.CapacityBytes, AccessType: spec.AccessType, FsType: spec.FsType,
-		Parameters: maps.Clone(spec.Parameters), MutableParameters: maps.Clone(spec.MutableParameters)}
+		Parameters: maps.Clone(spec.Parameters), MutableParameters: maps.Clone(spec.MutableParameters), Encryption: spec.Encryption.Clone()}
 	if spec.Source != nil {
 		if spec.Source.SnapshotID != "" {
 			return nil, errdefs.NotFound("snapshot %s does not exist", spec.Source.SnapshotID)
@@ -301,6 +301,18 @@ func (m *memBackend) Modify(_ context.Context, id string, mutable map[string]str
 		maps.Copy(img.MutableParameters, mutable)
 	}
 	return img.Clone(), nil
+}
+
+// SetEncryption implements backend.EncryptionKeeper (key rotation).
+func (m *memBackend) SetEncryption(_ context.Context, id string, e *backend.Encryption) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	img, ok := m.images[id]
+	if !ok {
+		return errdefs.NotFound("volume %s does not exist", id)
+	}
+	img.Encryption = e.Clone()
+	return nil
 }
 
 func (m *memBackend) Capacity(context.Context) (backend.Capacity, error) {
