@@ -37,9 +37,14 @@
 # Needs root (hack/install-deps.sh kind installs the packages). Prints each
 # phase's time and the nodes' memory.
 #
-# Env: KIND_CLUSTER (spindle), KIND_IMAGES, KEEP, CACHE (~/.cache/spindle:
-# kind, the offline images' parts). The run's state (the pool, kubeconfig,
-# logs, a started Docker's data) is in /var/tmp/spindle-kind.
+#   hack/kind-e2e.sh         the whole run
+#   hack/kind-e2e.sh down    step 5 alone: what a KEEP=1 run left (the
+#                            cluster, Docker) deleted and the host compared
+#
+# Env: KIND_CLUSTER (spindle), KIND_IMAGES, KEEP, E2E_RUN (go test -run),
+# CACHE (~/.cache/spindle: kind, the offline images' parts). The run's
+# state (the pool, kubeconfig, logs, a started Docker's data) is in
+# /var/tmp/spindle-kind.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 K=$REPO/hack/kind
@@ -68,6 +73,7 @@ fail() {
 
 # --- everything from here on is undone by cleanup, which prints the result -----
 made_modules=
+[ ! -f "$STATE/made-modules" ] || made_modules=1
 cleanup() {
   local code=$? t=$SECONDS
   [ "$code" -eq 0 ] || failed=${failed:-1}
@@ -92,7 +98,7 @@ cleanup() {
     done
   done < <(losetup -l -n -O NAME,BACK-INO,BACK-MAJ:MIN 2>/dev/null)
   rm -rf "$POOL"
-  [ -z "$made_modules" ] || rmdir /lib/modules
+  [ -z "$made_modules" ] || { rmdir /lib/modules && rm -f "$STATE/made-modules"; }
   # kubelet sets these for the whole machine, as the local cluster's does.
   if [ -f "$STATE/sysctl.saved" ]; then
     while read -r setting; do sysctl -q -w "$setting"; done <"$STATE/sysctl.saved"
@@ -117,6 +123,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [ "${1:-}" = down ]; then
+  [ -f "$STATE/host.before" ] || echo "e2e-kind: no record of the host before the run ($STATE/host.before): not compared"
+  kind_ready=1 KEEP=0 failed=${failed:-0}
+  exit 0
+fi
 t=$SECONDS
 rm -f "$STATE/host.before"
 "$REPO/hack/install-deps.sh" kind || fail "installing the packages failed"
@@ -178,7 +189,7 @@ phase "images ($mode)" $((SECONDS - t))
 # --- the cluster ----------------------------------------------------------------
 t=$SECONDS
 mkdir -p "$POOL"
-if [ ! -e /lib/modules ]; then mkdir /lib/modules && made_modules=1; fi
+if [ ! -e /lib/modules ]; then mkdir /lib/modules && made_modules=1 && : >"$STATE/made-modules"; fi
 for s in kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom; do
   echo "$s=$(sysctl -n "$s")"
 done >"$STATE/sysctl.saved"
@@ -220,15 +231,22 @@ out=$STATE/tests.log
 mapfile -t nodes < <("$KIND" get nodes --name "$NAME")
 (while sleep 10; do docker stats --no-stream --format '{{.Name}} {{.MemUsage}}' "${nodes[@]}"; done) >"$STATE/memory.log" 2>/dev/null &
 sampler=$!
-# The chart's sidecar flags are checked against the local cluster's builds
-# of the sidecars, which a run with stock images may not have.
-skip=()
+# Not run here (a skipped test counts as failed, hack/test-results.sh):
+# the Rook tests need the throw-away Ceph `make e2e` starts on the machine
+# for the driver as host processes, which the chart's pods in kind's nodes
+# do not reach; the chart's sidecar flags are checked against the local
+# cluster's builds of the sidecars, which a run with stock images may not
+# have.
+not_here=(TestAdoptCephCSIVolume TestMonitorMoveNeedsNoRestart TestRookStorageClassUnchanged)
+echo "e2e-kind: not run here (no Ceph the driver in kind reaches): ${not_here[*]}"
 if [ ! -x "$CACHE/local-cluster/bin/csi-provisioner" ]; then
   echo "e2e-kind: no sidecar builds in $CACHE/local-cluster/bin: TestSidecarsKnowTheirFlags is not run"
-  skip=(-skip '^TestSidecarsKnowTheirFlags$')
+  not_here+=(TestSidecarsKnowTheirFlags)
 fi
+run=()
+[ -z "${E2E_RUN:-}" ] || run=(-run "$E2E_RUN")
 SPINDLE_E2E_KUBECONFIG=$KUBECONFIG SPINDLE_E2E_NODE=$NAME-worker SPINDLE_HELM=$HELM \
-  go test -count=1 -v -timeout 30m "${skip[@]}" ./e2e/kubernetes/ ./e2e/chart/ 2>&1 | tee "$out"
+  go test -count=1 -v -timeout 30m -skip "^($(IFS='|'; echo "${not_here[*]}"))\$" "${run[@]}" ./e2e/kubernetes/ ./e2e/chart/ 2>&1 | tee "$out"
 kill "$sampler" 2>/dev/null
 phase "tests" $((SECONDS - t))
 count_results "$out"
