@@ -42,6 +42,7 @@
 #                            cluster, Docker) deleted and the host compared
 #
 # Env: KIND_CLUSTER (spindle), KIND_IMAGES, KEEP, E2E_RUN (go test -run),
+# DRIVER_IMAGE_FROM (dockerfile; assembled: hack/images.sh's, no build),
 # CACHE (~/.cache/spindle: kind, the offline images' parts). The run's
 # state (the pool, kubeconfig, logs, a started Docker's data) is in
 # /var/tmp/spindle-kind.
@@ -163,7 +164,16 @@ offline)
   ;;
 *) fail "KIND_IMAGES=$mode: want stock or offline" ;;
 esac
-"$K/driver-image.sh" "$DRIVER_IMAGE" || exit 1
+# DRIVER_IMAGE_FROM=assembled: the image `make e2e` runs (hack/images.sh,
+# no Docker build), for a quick run while working on the tests.
+case ${DRIVER_IMAGE_FROM:-dockerfile} in
+dockerfile) "$K/driver-image.sh" "$DRIVER_IMAGE" || exit 1 ;;
+assembled)
+  IMAGES_DIR=$STATE/images TAG=${DRIVER_IMAGE#*:} "$REPO/hack/images.sh" driver 2>/dev/null &&
+    docker load -q -i "$STATE/images/spindle.tar" >/dev/null || exit 1
+  ;;
+*) fail "DRIVER_IMAGE_FROM=${DRIVER_IMAGE_FROM}: want dockerfile or assembled" ;;
+esac
 mkdir -p "$STATE/images"
 CGO_ENABLED=0 go build -trimpath -o "$STATE/images/spindle-e2e-pod" ./e2e/cmd/spindle-e2e-pod &&
   go run ./hack/imagetar -tag local.test/spindle-e2e-pod:1 -o "$STATE/images/e2e-pod.tar" \
