@@ -32,6 +32,7 @@
 #      images detached, the pool emptied, /lib/modules (which kind mounts
 #      into every node) removed if it was made here, the sysctls kubelet
 #      sets for the whole machine (kernel.panic, vm.overcommit_memory, ...)
+#      and those the nodes' systemd raises (fs.file-max, fs.nr_open)
 #      put back, Docker stopped if it was started here.
 #
 # Needs root (hack/install-deps.sh kind installs the packages). Prints each
@@ -100,7 +101,7 @@ cleanup() {
   done < <(losetup -l -n -O NAME,BACK-INO,BACK-MAJ:MIN 2>/dev/null)
   rm -rf "$POOL"
   [ -z "$made_modules" ] || { rmdir /lib/modules && rm -f "$STATE/made-modules"; }
-  # kubelet sets these for the whole machine, as the local cluster's does.
+  # What kubelet and the nodes' systemd set for the whole machine.
   if [ -f "$STATE/sysctl.saved" ]; then
     while read -r setting; do sysctl -q -w "$setting"; done <"$STATE/sysctl.saved"
     rm -f "$STATE/sysctl.saved"
@@ -200,7 +201,11 @@ phase "images ($mode)" $((SECONDS - t))
 t=$SECONDS
 mkdir -p "$POOL"
 if [ ! -e /lib/modules ]; then mkdir /lib/modules && made_modules=1 && : >"$STATE/made-modules"; fi
-for s in kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom; do
+# kubelet sets the first four for the whole machine (as the local
+# cluster's does); each node's systemd raises fs.file-max and fs.nr_open
+# as it boots (its /proc/sys is writable, and they are not per namespace:
+# seen here, fs.file-max 2466174 -> 9223372036854775807).
+for s in kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom fs.file-max fs.nr_open; do
   echo "$s=$(sysctl -n "$s")"
 done >"$STATE/sysctl.saved"
 docker network inspect kind >/dev/null 2>&1 || made_kind_network=1
@@ -217,7 +222,7 @@ k() { "$KUBECTL" "$@"; }
 phase "cluster up" $((SECONDS - t))
 
 t=$SECONDS
-"$KIND" load docker-image --name "$NAME" "${load[@]}" >/dev/null || exit 1
+"$KIND" load docker-image --name "$NAME" "${load[@]}" >/dev/null 2>&1 || exit 1
 "$KIND" load image-archive --name "$NAME" "$STATE/images/e2e-pod.tar" >/dev/null || exit 1
 go mod download "github.com/kubernetes-csi/external-snapshotter/client/v8@$SNAPSHOTTER" || exit 1
 for f in "$(go env GOMODCACHE)/github.com/kubernetes-csi/external-snapshotter/client/v8@$SNAPSHOTTER"/config/crd/*.yaml; do

@@ -3,8 +3,9 @@
 # nodes, or the dockerd hack/kind/docker.sh starts, could change, in a form
 # to compare before and after `make e2e-kind`: the firewall (iptables -S,
 # filter and nat), the sysctls (all but the counters that change by
-# themselves and the per-interface ones), the loop devices, the mount table
-# (with propagation) and the bridges.
+# themselves, fs.quota's statistics among them, and the per-interface
+# ones), the loop devices, the mount table (with propagation) and the
+# bridges.
 set -uo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 echo "# iptables -S"
@@ -16,7 +17,7 @@ else
 fi
 echo "# sysctl"
 sysctl -a 2>/dev/null |
-  grep -vE '^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr)|kernel\.ns_last_pid|net\.netfilter\.nf_conntrack_count) |^kernel\.random\.' |
+  grep -vE '^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr)|kernel\.ns_last_pid|net\.netfilter\.nf_conntrack_count) |^(kernel\.random|fs\.quota)\.' |
   grep -vE '^net\.ipv[46]\.(conf|neigh)\.'
 sysctl -a 2>/dev/null | grep -E '^net\.ipv[46]\.(conf|neigh)\.(all|default)\.'
 echo "# losetup -a"
