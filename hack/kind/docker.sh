@@ -101,6 +101,7 @@ start_docker() {
   fi
   daemon_json "$runtime" >"$STATE/daemon.json"
   ip -o link show type bridge | awk -F': ' '{print $2}' >"$STATE/bridges.before"
+  netns_mounts >"$STATE/netns.before"
   setsid dockerd --config-file "$STATE/daemon.json" >>"$STATE/dockerd.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 60); do
@@ -128,7 +129,17 @@ stop_docker() {
     case $br in docker0 | br-*) grep -qx "$br" "$STATE/bridges.before" 2>/dev/null || ip link del "$br" ;; esac
   done
   rm -f "$STATE/bridges.before"
+  # And the network namespaces it bind-mounts under /run/docker/netns
+  # (the "default" one stayed mounted after a kind run here).
+  local m
+  for m in $(netns_mounts); do
+    grep -qx "$m" "$STATE/netns.before" 2>/dev/null || umount "$m"
+  done
+  rm -f "$STATE/netns.before"
 }
+
+# netns_mounts: the mounts below /run/docker/netns, one per line.
+netns_mounts() { findmnt -rn -o TARGET | grep '^/run/docker/netns/' || true; }
 
 mkdir -p "$STATE"
 case ${1:-} in
