@@ -11,6 +11,8 @@
 #                path (fio) per backend and attach mode (root)
 #   make e2e     a real local Kubernetes (hack/local-cluster) with Spindle and
 #                its sidecars; the Kubernetes e2e tests against it (root)
+#   make e2e-kind  the same tests in a three-node kind cluster (root; Docker
+#                is set up if missing)
 #   make bench-k8s  100 PVCs and 100 pods applied at once on the local
 #                Kubernetes (the chart's deployment): time to Running,
 #                attach/mount latency, time to delete (root)
@@ -26,7 +28,7 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-multinode e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
+.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-kind e2e-multinode e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
 
 all: build
 
@@ -100,6 +102,14 @@ bench-k8s: deps
 # it down; ends with "N passed, M failed".
 e2e: deps
 	hack/local-cluster/e2e.sh
+
+# The same tests in a kind cluster (a control plane and two workers with the
+# host's loop devices and a shared pool; hack/kind-e2e.sh): Docker set up
+# if there is none, stock kind images where a registry answers, else built
+# here; the cluster always deleted and the host checked unchanged; ends with
+# "N passed, M failed".
+e2e-kind:
+	hack/kind-e2e.sh
 
 # The multi-node tests (e2e/multinode): two worker nodes in qemu guests with
 # their own kernels, Ceph and tgtd on this machine, Spindle from the chart.

@@ -3,6 +3,11 @@
 # Debian machine. Idempotent and quick when everything is present: it only
 # calls apt-get for what is missing. Used by `make test`, `make demo`,
 # `make bench` and .ci/run alike, so a newcomer and CI set up the same way.
+# `hack/install-deps.sh kind` installs only what `make e2e-kind` needs:
+# Docker (Debian's docker.io, only where no dockerd is installed, set up by
+# hack/kind/docker.sh so that it never touches the firewall), jq and capsh
+# (its runc wrapper), mmdebstrap (the offline images), iptables and the
+# tools the run checks the host with.
 set -euo pipefail
 
 # program -> Debian package that provides it
@@ -69,6 +74,11 @@ declare -A needs=(
   [dmsetup]=dmsetup
 )
 
+if [ "${1:-}" = kind ]; then
+  needs=([losetup]=mount [findmnt]=util-linux [sysctl]=procps [git]=git [jq]=jq [capsh]=libcap2-bin
+    [iptables]=iptables [mmdebstrap]=mmdebstrap [ip]=iproute2)
+fi
+
 # file -> Debian package, for what is not a program on PATH
 declare -A files=(
   # qemu's iSCSI block driver (libiscsi), a loadable module
@@ -87,6 +97,7 @@ for prog in "${!needs[@]}"; do
   fi
 done
 
+[ "${1:-}" != kind ] || files=()
 for file in "${!files[@]}"; do
   # An architecture's library path only where it exists (amd64 here).
   case $file in /usr/lib/x86_64-linux-gnu/*) [ -d /usr/lib/x86_64-linux-gnu ] || continue ;; esac
@@ -95,18 +106,19 @@ for file in "${!files[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  # unique package names
+  mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "hack/install-deps.sh: missing packages ${pkgs[*]}; run as root (or: sudo apt-get install ${pkgs[*]})" >&2
+    exit 1
+  fi
+  echo "hack/install-deps.sh: installing ${pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+  echo "hack/install-deps.sh: done"
 fi
-# unique package names
-mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "hack/install-deps.sh: missing packages ${pkgs[*]}; run as root (or: sudo apt-get install ${pkgs[*]})" >&2
-  exit 1
+if [ "${1:-}" = kind ]; then
+  "$(dirname "$0")/kind/docker.sh" install
 fi
-echo "hack/install-deps.sh: installing ${pkgs[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-echo "hack/install-deps.sh: done"

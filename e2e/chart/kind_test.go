@@ -11,8 +11,11 @@ import (
 )
 
 // hack/kind/config.yaml parses, strictly, into kind's own config types (as
-// kind's loader does: go.yaml.in/yaml/v3 with known fields only) and gives
-// every node /dev and the one shared pool at the chart's default pool path.
+// kind's loader does: go.yaml.in/yaml/v3 with known fields only), turns
+// kind's own CNI off (hack/kind/network.sh makes the pod network) with
+// kube-proxy in nftables mode, and gives every node /dev and the one shared
+// pool at the chart's default pool path, without mount propagation (the
+// host's mounts may be private).
 func TestKindConfig(t *testing.T) {
 	raw, err := os.ReadFile("../../hack/kind/config.yaml")
 	if err != nil {
@@ -28,6 +31,9 @@ func TestKindConfig(t *testing.T) {
 		t.Errorf("kind %q apiVersion %q", cfg.Kind, cfg.APIVersion)
 	}
 	kind.SetDefaultsCluster(&cfg)
+	if !cfg.Networking.DisableDefaultCNI || cfg.Networking.KubeProxyMode != kind.NFTablesProxyMode {
+		t.Errorf("networking %+v, want disableDefaultCNI and kube-proxy in nftables mode", cfg.Networking)
+	}
 	var roles []kind.NodeRole
 	for _, n := range cfg.Nodes {
 		roles = append(roles, n.Role)
@@ -45,12 +51,15 @@ func TestKindConfig(t *testing.T) {
 			case pool:
 				sharedPool = m.HostPath
 			}
+			if m.Propagation != "" && m.Propagation != kind.MountPropagationNone {
+				t.Errorf("node %d (%s) mounts %s with propagation %s, want None", i, n.Role, m.HostPath, m.Propagation)
+			}
 		}
 		if dev != "/dev" {
 			t.Errorf("node %d (%s) does not get the host's /dev", i, n.Role)
 		}
-		if sharedPool == "" || sharedPool != "/tmp/spindle-kind/pool" {
-			t.Errorf("node %d (%s) has pool %q from the host, want /tmp/spindle-kind/pool (what hack/kind-e2e.sh creates) at %s", i, n.Role, sharedPool, pool)
+		if sharedPool != "/var/tmp/spindle-kind/pool" {
+			t.Errorf("node %d (%s) has pool %q from the host, want /var/tmp/spindle-kind/pool (what hack/kind-e2e.sh creates) at %s", i, n.Role, sharedPool, pool)
 		}
 	}
 }

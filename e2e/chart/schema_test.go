@@ -130,26 +130,33 @@ func TestTemplatedSecretName(t *testing.T) {
 	}
 }
 
-// With the local cluster up, kube-apiserver dry-runs every rendered object
-// (server-side validation, admission, RBAC escalation checks).
+// With a cluster up (SPINDLE_E2E_KUBECONFIG, or the local cluster's),
+// kube-apiserver dry-runs every rendered object (server-side validation,
+// admission, RBAC escalation checks).
 func TestServerDryRun(t *testing.T) {
 	helm(t)
-	dir := os.Getenv("SPINDLE_E2E_CLUSTER_DIR")
-	if dir == "" {
-		dir = "/var/tmp/spindle-local-cluster"
+	kubeconfig := os.Getenv("SPINDLE_E2E_KUBECONFIG")
+	if kubeconfig == "" {
+		dir := os.Getenv("SPINDLE_E2E_CLUSTER_DIR")
+		if dir == "" {
+			dir = "/var/tmp/spindle-local-cluster"
+		}
+		kubeconfig = filepath.Join(dir, "admin.kubeconfig")
 	}
-	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
+	if _, err := os.Stat(kubeconfig); err != nil {
+		t.Skipf("no cluster (%s): `hack/local-cluster/up.sh` brings one up, or set SPINDLE_E2E_KUBECONFIG", kubeconfig)
+	}
+	// The local cluster's kubectl, else the one on PATH.
 	home, _ := os.UserHomeDir()
 	kubectl := filepath.Join(home, ".cache", "spindle", "local-cluster", "bin", "kubectl")
-	if _, err := os.Stat(kubeconfig); err != nil {
-		t.Skipf("no local cluster (%s): `hack/local-cluster/up.sh` brings one up", kubeconfig)
-	}
 	if _, err := os.Stat(kubectl); err != nil {
-		t.Skipf("no kubectl at %s: run hack/local-cluster/build.sh", kubectl)
+		if kubectl, err = exec.LookPath("kubectl"); err != nil {
+			t.Skipf("no kubectl: run hack/local-cluster/build.sh or install one")
+		}
 	}
 	probe := exec.Command(kubectl, "--kubeconfig", kubeconfig, "--request-timeout=5s", "get", "--raw", "/readyz")
 	if out, err := probe.CombinedOutput(); err != nil {
-		t.Skipf("the local cluster's apiserver does not answer: %v %s", err, out)
+		t.Skipf("the cluster's apiserver (%s) does not answer: %v %s", kubeconfig, err, out)
 	}
 	for _, c := range renderings() {
 		t.Run(c.name, func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -28,36 +29,85 @@ import (
 
 const (
 	DriverName = "spindle.csi.dev"
-	// PodImage is e2e/cmd/spindle-e2e-pod's image (write, verify, pause).
-	PodImage = "local.test/spindle-e2e-pod:1"
 	// Timeout bounds every wait; the steps take seconds on this machine,
 	// tens of seconds on emulated worker nodes.
 	Timeout = 3 * time.Minute
 )
 
+// The environment that says which cluster the tests run against and what
+// they use there. Only a kubeconfig is needed; the rest has defaults that
+// match the local cluster, the kind cluster and the chart's default values.
+const (
+	// EnvKubeconfig is the kubeconfig of the cluster under test.
+	EnvKubeconfig = "SPINDLE_E2E_KUBECONFIG"
+	// EnvClusterDir is hack/local-cluster's directory; its admin.kubeconfig
+	// is used when EnvKubeconfig is not set.
+	EnvClusterDir = "SPINDLE_E2E_CLUSTER_DIR"
+	// EnvStorageClass is an ext4 StorageClass of Spindle's loop backend
+	// (default spindle-ext4), EnvXFSStorageClass an xfs one that allows
+	// expansion (spindle-xfs), EnvSnapshotClass a VolumeSnapshotClass of
+	// the driver (spindle).
+	EnvStorageClass    = "SPINDLE_E2E_STORAGE_CLASS"
+	EnvXFSStorageClass = "SPINDLE_E2E_XFS_STORAGE_CLASS"
+	EnvSnapshotClass   = "SPINDLE_E2E_SNAPSHOT_CLASS"
+	// EnvPodImage is e2e/cmd/spindle-e2e-pod's image, present on the nodes
+	// or pullable (default local.test/spindle-e2e-pod:1).
+	EnvPodImage = "SPINDLE_E2E_POD_IMAGE"
+	// EnvNodeAddress and EnvControllerURL reach a driver that does not run
+	// in the chart's pods (hack/local-cluster's DEPLOY=process): the node
+	// plugin's endpoints as NODE=HOST:PORT, the controller's as a URL. Without
+	// them the tests reach both through the API server's pod proxy.
+	EnvNodeAddress   = "SPINDLE_E2E_NODE_ADDRESS"
+	EnvControllerURL = "SPINDLE_E2E_CONTROLLER_URL"
+)
+
 // Cluster is a running cluster the tests use.
 type Cluster struct {
-	Dir     string // CLUSTER_DIR of hack/local-cluster
-	Node    string // the default node for pods
-	Config  *rest.Config
-	Client  kubernetes.Interface
-	Dynamic dynamic.Interface
+	Kubeconfig string // the kubeconfig file, for the tools the tests run
+	Node       string // the default node for pods
+	Config     *rest.Config
+	Client     kubernetes.Interface
+	Dynamic    dynamic.Interface
+
+	StorageClass, XFSStorageClass, SnapshotClass string
+	PodImage                                     string
+	// nodeAddresses and controllerURL are EnvNodeAddress and EnvControllerURL.
+	nodeAddresses map[string]string
+	controllerURL string
 }
 
-// Connect returns the cluster of SPINDLE_E2E_CLUSTER_DIR (its
-// admin.kubeconfig), checking that node exists; without that variable the
-// test skips, saying how to get a cluster.
+// Connect returns the cluster of EnvKubeconfig (or EnvClusterDir), checking
+// that node exists; without either variable the test skips, saying how to
+// get a cluster.
 func Connect(t testing.TB, node string) *Cluster {
 	t.Helper()
-	dir := os.Getenv("SPINDLE_E2E_CLUSTER_DIR")
-	if dir == "" {
-		t.Skip("no Kubernetes cluster: run `make e2e`, or hack/local-cluster/up.sh and set SPINDLE_E2E_CLUSTER_DIR")
+	kubeconfig := os.Getenv(EnvKubeconfig)
+	if kubeconfig == "" && os.Getenv(EnvClusterDir) != "" {
+		kubeconfig = filepath.Join(os.Getenv(EnvClusterDir), "admin.kubeconfig")
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
+	if kubeconfig == "" {
+		t.Skipf("no Kubernetes cluster: run `make e2e` or `make e2e-kind`, or set %s (docs/testing.md)", EnvKubeconfig)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		t.Fatalf("kubeconfig of the cluster in %s: %v", dir, err)
+		t.Fatalf("kubeconfig %s: %v", kubeconfig, err)
 	}
-	c := &Cluster{Dir: dir, Node: node, Config: cfg}
+	c := &Cluster{
+		Kubeconfig: kubeconfig, Node: node, Config: cfg,
+		StorageClass:    envOr(EnvStorageClass, "spindle-ext4"),
+		XFSStorageClass: envOr(EnvXFSStorageClass, "spindle-xfs"),
+		SnapshotClass:   envOr(EnvSnapshotClass, "spindle"),
+		PodImage:        envOr(EnvPodImage, "local.test/spindle-e2e-pod:1"),
+		nodeAddresses:   map[string]string{},
+		controllerURL:   os.Getenv(EnvControllerURL),
+	}
+	for _, pair := range strings.Fields(strings.ReplaceAll(os.Getenv(EnvNodeAddress), ",", " ")) {
+		name, addr, ok := strings.Cut(pair, "=")
+		if !ok {
+			t.Fatalf("%s=%q: want NODE=HOST:PORT[,...]", EnvNodeAddress, os.Getenv(EnvNodeAddress))
+		}
+		c.nodeAddresses[name] = addr
+	}
 	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +117,52 @@ func Connect(t testing.TB, node string) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Client.CoreV1().Nodes().Get(ctx, c.Node, metav1.GetOptions{}); err != nil {
-		t.Fatalf("cluster in %s is not reachable or has no node %s: %v", dir, c.Node, err)
+		t.Fatalf("the cluster of %s is not reachable or has no node %s: %v", kubeconfig, c.Node, err)
 	}
 	return c
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// NodeAddressFlags are kubectl-spindle's --node-address and
+// --controller-url flags for a driver outside the chart's pods
+// (EnvNodeAddress, EnvControllerURL); none when it runs in them, which
+// kubectl-spindle then finds by itself.
+func (c *Cluster) NodeAddressFlags() []string {
+	var out []string
+	for node, addr := range c.nodeAddresses {
+		out = append(out, "--node-address", node+"="+addr)
+	}
+	if c.controllerURL != "" {
+		out = append(out, "--controller-url", c.controllerURL)
+	}
+	return out
+}
+
+// NeedClass skips the test when the cluster has no StorageClass (or, with
+// snapshot, VolumeSnapshotClass) named name, saying which.
+func (c *Cluster) NeedClass(t testing.TB, name string, snapshot bool) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	if snapshot {
+		_, err = c.Dynamic.Resource(VolumeSnapshotClasses).Get(ctx, name, metav1.GetOptions{})
+	} else {
+		_, err = c.Client.StorageV1().StorageClasses().Get(ctx, name, metav1.GetOptions{})
+	}
+	switch {
+	case apierrors.IsNotFound(err) && snapshot:
+		t.Skipf("the cluster has no VolumeSnapshotClass %s (set %s)", name, EnvSnapshotClass)
+	case apierrors.IsNotFound(err):
+		t.Skipf("the cluster has no StorageClass %s (set %s or %s)", name, EnvStorageClass, EnvXFSStorageClass)
+	case err != nil:
+		t.Fatal(err)
+	}
 }
 
 // Namespace creates a namespace for one test and deletes it, with
@@ -137,8 +230,14 @@ func (c *Cluster) WaitForWithin(t testing.TB, what string, timeout time.Duration
 	}
 }
 
+// The snapshot API's resources (snapshot.storage.k8s.io/v1).
+var (
+	VolumeSnapshots       = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
+	VolumeSnapshotClasses = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotclasses"}
+)
+
 type ClaimOptions struct {
-	StorageClass string // default spindle-ext4
+	StorageClass string // default the cluster's StorageClass
 	Size         string // default 1Gi
 	Block        bool
 	AccessMode   corev1.PersistentVolumeAccessMode // default ReadWriteOnce
@@ -150,7 +249,7 @@ func (c *Cluster) Claim(t testing.TB, ns, name string, o ClaimOptions) (*corev1.
 	t.Helper()
 	ctx := context.Background()
 	if o.StorageClass == "" {
-		o.StorageClass = "spindle-ext4"
+		o.StorageClass = c.StorageClass
 	}
 	if o.Size == "" {
 		o.Size = "1Gi"
@@ -205,7 +304,7 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 		o.Node = c.Node
 	}
 	container := corev1.Container{
-		Name: "e2e", Image: PodImage, ImagePullPolicy: corev1.PullNever, Args: o.Args,
+		Name: "e2e", Image: c.PodImage, ImagePullPolicy: corev1.PullIfNotPresent, Args: o.Args,
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	}
 	if o.Block {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,10 +96,9 @@ func (c *Cluster) findChartPod(ctx context.Context, selector, node string) (*cor
 // proxyGet GETs path from a pod's port through the API server's pod proxy,
 // as kubectl-spindle does, and decodes the JSON answer into v.
 func (c *Cluster) proxyGet(ctx context.Context, pod *corev1.Pod, port int, path string, v any) error {
-	data, err := c.Client.CoreV1().RESTClient().Get().Namespace(pod.Namespace).Resource("pods").
-		Name(pod.Name + ":" + strconv.Itoa(port)).SubResource("proxy").Suffix(path).DoRaw(ctx)
+	data, err := c.proxyGetRaw(ctx, pod, port, path)
 	if err != nil {
-		return fmt.Errorf("GET %s of pod %s/%s through the API server: %w", path, pod.Namespace, pod.Name, err)
+		return err
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("%s of pod %s/%s: %w\n%s", path, pod.Namespace, pod.Name, err, data)
@@ -105,9 +106,19 @@ func (c *Cluster) proxyGet(ctx context.Context, pod *corev1.Pod, port int, path 
 	return nil
 }
 
+// proxyGetRaw GETs path from a pod's port through the API server's pod proxy.
+func (c *Cluster) proxyGetRaw(ctx context.Context, pod *corev1.Pod, port int, path string) ([]byte, error) {
+	data, err := c.Client.CoreV1().RESTClient().Get().Namespace(pod.Namespace).Resource("pods").
+		Name(pod.Name + ":" + strconv.Itoa(port)).SubResource("proxy").Suffix(path).DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s of pod %s/%s through the API server: %w", path, pod.Namespace, pod.Name, err)
+	}
+	return data, nil
+}
+
 // NodeVolumes is what the node plugin on node has staged and attached (its
-// /volumes), read through the API server: the node as the cluster sees it,
-// not this machine's mount table.
+// /volumes), read through the API server (or at EnvNodeAddress): the node as
+// the cluster sees it, not this machine's mount table.
 func (c *Cluster) NodeVolumes(t testing.TB, node string) opsapi.NodeVolumes {
 	t.Helper()
 	v, err := c.TryNodeVolumes(context.Background(), node)
@@ -121,20 +132,96 @@ func (c *Cluster) NodeVolumes(t testing.TB, node string) opsapi.NodeVolumes {
 // (its node has just booted).
 func (c *Cluster) TryNodeVolumes(ctx context.Context, node string) (opsapi.NodeVolumes, error) {
 	var v opsapi.NodeVolumes
+	if addr, ok := c.nodeAddresses[node]; ok {
+		return v, directGet(ctx, "http://"+addr+opsapi.PathVolumes, &v)
+	}
 	pod, err := c.findChartPod(ctx, ChartNodePlugins, node)
 	if err != nil {
 		return v, err
 	}
-	return v, c.proxyGet(ctx, pod, nodeMetricsPort, "/volumes", &v)
+	return v, c.proxyGet(ctx, pod, nodeMetricsPort, opsapi.PathVolumes, &v)
 }
 
 // ControllerImages is the controller's view of every backend's images and
-// the nodes each is published to (its /images), through the API server.
+// the nodes each is published to (its /images), through the API server (or
+// at EnvControllerURL).
 func (c *Cluster) ControllerImages(t testing.TB) opsapi.Images {
 	t.Helper()
 	var v opsapi.Images
-	if err := c.proxyGet(context.Background(), c.chartPod(t, ChartControllers, ""), controllerMetrics, "/images", &v); err != nil {
+	var err error
+	if c.controllerURL != "" {
+		err = directGet(context.Background(), strings.TrimSuffix(c.controllerURL, "/")+opsapi.PathImages, &v)
+	} else {
+		err = c.proxyGet(context.Background(), c.chartPod(t, ChartControllers, ""), controllerMetrics, opsapi.PathImages, &v)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// ControllerStartTime is when the controller's driver process started
+// (process_start_time_seconds of its /metrics, in seconds since the epoch),
+// through the API server (or at EnvControllerURL): a restart changes it.
+func (c *Cluster) ControllerStartTime(t testing.TB) float64 {
+	t.Helper()
+	ctx := context.Background()
+	var data []byte
+	var err error
+	if c.controllerURL != "" {
+		data, err = directGetRaw(ctx, strings.TrimSuffix(c.controllerURL, "/")+opsapi.PathMetrics)
+	} else {
+		data, err = c.proxyGetRaw(ctx, c.chartPod(t, ChartControllers, ""), controllerMetrics, opsapi.PathMetrics)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	const metric = "process_start_time_seconds "
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, metric); ok {
+			start, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("the controller's %q: %v", line, err)
+			}
+			return start
+		}
+	}
+	t.Fatalf("the controller's %s has no %s", opsapi.PathMetrics, strings.TrimSpace(metric))
+	return 0
+}
+
+// directGet GETs a driver endpoint outside the cluster's pods and decodes
+// the JSON answer into v.
+func directGet(ctx context.Context, url string, v any) error {
+	data, err := directGetRaw(ctx, url)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("GET %s: %w\n%s", url, err, data)
+	}
+	return nil
+}
+
+// directGetRaw GETs a driver endpoint outside the cluster's pods.
+func directGetRaw(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, data)
+	}
+	return data, nil
 }

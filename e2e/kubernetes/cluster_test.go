@@ -1,56 +1,54 @@
 // Package kubernetes holds Spindle's end-to-end tests against a real
-// Kubernetes: kube-apiserver, controllers, a real kubelet, the CSI sidecars
-// and the driver, on this machine (hack/local-cluster). They drive the
-// driver only through Kubernetes objects (PVCs, Pods, VolumeSnapshots) and
-// check what users and operators see: PV handles, VolumeAttachments, the
-// kubelet's mounts, the data in the pods.
+// Kubernetes: kube-apiserver, controllers, real kubelets, the CSI sidecars
+// and the driver. They drive the driver only through Kubernetes objects
+// (PVCs, Pods, VolumeSnapshots) and check what users and operators see,
+// only through the API server: PV handles, VolumeAttachments, events, the
+// pods' logs and `kubectl exec` into them, kubectl-spindle, and the node
+// plugin's /volumes and the controller's /images through the API server's
+// pod proxy. Nothing reads the machine the tests run on (its mounts, the
+// pool's files, a log file), so the same tests pass on the local cluster
+// (`make e2e`), on kind (`make e2e-kind`) and on any cluster with Spindle
+// (docs/testing.md). The Rook tests (rook_test.go) add a throw-away Ceph
+// that `make e2e` starts on this machine, which they inspect with the Ceph
+// CLIs; where the driver cannot reach it they skip, saying so.
 //
-// `make e2e` brings a cluster up, runs them and brings it down. Without a
-// cluster (SPINDLE_E2E_CLUSTER_DIR unset) every test skips, saying so.
+// Without a cluster (SPINDLE_E2E_KUBECONFIG and SPINDLE_E2E_CLUSTER_DIR
+// unset) every test skips, saying so.
 package kubernetes
 
 import (
-	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/spindle-csi/spindle/e2e/kube"
+	"github.com/spindle-csi/spindle/internal/opsapi"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 )
 
 const (
 	driverName = kube.DriverName
-	podImage   = kube.PodImage
+	// podBinary is the e2e image's one program (e2e/cmd/spindle-e2e-pod).
+	podBinary = "/usr/local/bin/spindle-e2e-pod"
 )
 
-// cluster is the running local cluster the tests use: the shared client
-// and steps (e2e/kube), and what only this one-node cluster on this
-// machine has (its directories, mount table and logs).
+// cluster is the cluster under test: the shared client and steps
+// (e2e/kube) and this package's views of the driver.
 type cluster struct {
 	*kube.Cluster
 }
 
-// nodeMetricsAddress is where the node plugin serves /volumes: both
-// deployments of hack/local-cluster use 127.0.0.1:9808.
-func (c *cluster) nodeMetricsAddress() string { return "127.0.0.1:9808" }
-
-// kubeletDir is kubelet's --root-dir; poolDir the driver's loop pool.
-func (c *cluster) kubeletDir() string { return filepath.Join(c.Dir, "kubelet") }
-func (c *cluster) poolDir() string    { return filepath.Join(c.Dir, "pool") }
-func (c *cluster) csiSocket() string {
-	return filepath.Join(c.kubeletDir(), "plugins", driverName, "csi.sock")
-}
-
+// connect connects to the cluster; SPINDLE_E2E_NODE names the node the
+// pods run on (the local cluster's by default).
 func connect(t *testing.T) *cluster {
 	t.Helper()
 	node := os.Getenv("SPINDLE_E2E_NODE")
@@ -60,192 +58,154 @@ func connect(t *testing.T) *cluster {
 	return &cluster{kube.Connect(t, node)}
 }
 
-// controllerSocket is the socket of the driver's controller service: the
-// host process's (DEPLOY=process), or the controller pod's socket
-// directory, an emptyDir kubelet keeps under the pod's directory (DEPLOY=helm).
-func (c *cluster) controllerSocket(t *testing.T) string {
-	t.Helper()
-	if _, err := os.Stat(filepath.Join(c.Dir, "logs", "spindle.log")); err == nil {
-		return c.csiSocket()
-	}
-	sockets, _ := filepath.Glob(filepath.Join(c.kubeletDir(), "pods/*/volumes/kubernetes.io~empty-dir/socket-dir/csi.sock"))
-	if len(sockets) != 1 {
-		t.Fatalf("controller sockets under %s: %v, want one", c.kubeletDir(), sockets)
-	}
-	// The path is longer than a socket address may be (108 bytes); a short
-	// symlink reaches the same socket.
-	link := filepath.Join(t.TempDir(), "controller.sock")
-	if err := os.Symlink(sockets[0], link); err != nil {
-		t.Fatal(err)
-	}
-	return link
-}
-
-// csiClient talks to the driver's controller socket, as the sidecars do, so
-// a test can compare what Kubernetes shows with what the driver answers.
-func (c *cluster) csiClient(t *testing.T) csi.ControllerClient {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+c.controllerSocket(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return csi.NewControllerClient(conn)
-}
-
-// stagingPath is where kubelet stages a CSI PV on this node.
-func (c *cluster) stagingPath(pv *corev1.PersistentVolume) string {
+// stagingSuffix is the end of the path where kubelet stages a CSI PV,
+// <kubelet's root>/plugins/kubernetes.io/csi/<driver>/<sha256 of the handle>/globalmount;
+// kubelet's root differs between clusters.
+func stagingSuffix(pv *corev1.PersistentVolume) string {
 	sum := sha256.Sum256([]byte(pv.Spec.CSI.VolumeHandle))
-	return filepath.Join(c.kubeletDir(), "plugins/kubernetes.io/csi", driverName, hex.EncodeToString(sum[:]), "globalmount")
+	return filepath.Join("/plugins/kubernetes.io/csi", driverName, hex.EncodeToString(sum[:]), "globalmount")
 }
 
-// podVolumeDir is where kubelet publishes a filesystem PV into a pod.
-func (c *cluster) podVolumeDir(pod *corev1.Pod, pv string) string {
-	return filepath.Join(c.kubeletDir(), "pods", string(pod.UID), "volumes/kubernetes.io~csi", pv, "mount")
-}
-
-// mount is one line of /proc/self/mountinfo.
-type mount struct {
-	source, mountPoint, fsType, root string
-}
-
-func mounts(t *testing.T) []mount {
-	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
+// publishSuffix is the end of the path where kubelet publishes a PV into
+// a pod: <kubelet's root>/pods/<pod>/volumes/kubernetes.io~csi/<pv>/mount
+// for a filesystem, <kubelet's root>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod>
+// for a block volume.
+func publishSuffix(pod *corev1.Pod, pv string, block bool) string {
+	if block {
+		return filepath.Join("/plugins/kubernetes.io/csi/volumeDevices/publish", pv, string(pod.UID))
 	}
-	defer f.Close()
-	var out []mount
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		sep := 0
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
+	return filepath.Join("/pods", string(pod.UID), "volumes/kubernetes.io~csi", pv, "mount")
+}
+
+// imageName is the image part of a Spindle volume handle.
+func imageName(pv *corev1.PersistentVolume) string {
+	h := pv.Spec.CSI.VolumeHandle
+	return h[strings.LastIndex(h, "/")+1:]
+}
+
+// staged returns what the node plugin on node has staged for pv (nil if
+// nothing) and the devices its backends hold for it.
+func (c *cluster) staged(t *testing.T, node string, pv *corev1.PersistentVolume) (*opsapi.StagedVolume, []opsapi.AttachedDevice) {
+	t.Helper()
+	return stagedOf(c.NodeVolumes(t, node), pv.Spec.CSI.VolumeHandle)
+}
+
+func stagedOf(nv opsapi.NodeVolumes, handle string) (*opsapi.StagedVolume, []opsapi.AttachedDevice) {
+	var staged *opsapi.StagedVolume
+	for i := range nv.Staged {
+		if nv.Staged[i].VolumeID == handle {
+			if staged != nil {
+				return nil, nil // two stage records of one volume: stagedOnce says so
 			}
-		}
-		if sep == 0 || len(fields) < sep+3 {
-			continue
-		}
-		out = append(out, mount{root: fields[3], mountPoint: unescape(fields[4]), fsType: fields[sep+1], source: fields[sep+2]})
-	}
-	return out
-}
-
-func unescape(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
-}
-
-// mountsAt returns the mounts whose mount point is path.
-func mountsAt(t *testing.T, path string) []mount {
-	var out []mount
-	for _, m := range mounts(t) {
-		if m.mountPoint == path {
-			out = append(out, m)
+			staged = &nv.Staged[i]
 		}
 	}
-	return out
+	var devices []opsapi.AttachedDevice
+	for _, d := range nv.Devices {
+		if d.VolumeID == handle {
+			devices = append(devices, d)
+		}
+	}
+	return staged, devices
 }
 
-// driverLog returns the driver's log entries (JSON lines) that match every
-// key=value in match: from the host process's log (DEPLOY=process) or from
-// the logs kubelet keeps of the driver's containers (DEPLOY=helm).
-func (c *cluster) driverLog(t *testing.T, match map[string]string) []map[string]any {
+// stagedOnce waits until the node plugin on c.Node reports pv staged
+// once and published to each of pods (kubelet reports a pod Running once
+// its volumes are set up; the plugin's inventory says so from the node),
+// and returns the stage and the devices the backend holds for pv. A
+// filesystem volume must have no other publishes; a block volume's device
+// has kubelet's own binds besides.
+func (c *cluster) stagedOnce(t *testing.T, pv *corev1.PersistentVolume, pods ...*corev1.Pod) (opsapi.StagedVolume, []opsapi.AttachedDevice) {
 	t.Helper()
-	var lines []string
-	if data, err := os.ReadFile(filepath.Join(c.Dir, "logs", "spindle.log")); err == nil {
-		lines = strings.Split(string(data), "\n")
-	}
-	containerLogs, _ := filepath.Glob(filepath.Join(c.Dir, "podlogs", "*", "spindle", "*.log"))
-	for _, path := range containerLogs {
-		lines = append(lines, containerLogLines(t, path)...)
-	}
-	if len(lines) == 0 {
-		t.Fatalf("no driver log in %s", c.Dir)
-	}
-	var out []map[string]any
-	for _, line := range lines {
-		if !strings.HasPrefix(line, "{") {
-			continue
-		}
-		var e map[string]any
-		if err := json.Unmarshal([]byte(line), &e); err != nil {
-			t.Fatalf("driver log line %q: %v", line, err)
-		}
-		ok := true
-		for k, v := range match {
-			if fmt.Sprint(e[k]) != v {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// containerLogLines reads a CRI container log ("<time> <stream> <P|F>
-// <text>" per line, P marking a line continued in the next entry) back
-// into the lines the container wrote.
-func containerLogLines(t *testing.T, path string) []string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []string
-	var partial strings.Builder
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 1<<20), 1<<20)
-	for s.Scan() {
-		fields := strings.SplitN(s.Text(), " ", 4)
-		if len(fields) < 4 {
-			continue
-		}
-		partial.WriteString(fields[3])
-		if fields[2] == "F" {
-			out = append(out, partial.String())
-			partial.Reset()
-		}
-	}
-	return out
-}
-
-// imagePath is the loop image file behind a PV.
-func (c *cluster) imagePath(pv *corev1.PersistentVolume) string {
-	parts := strings.Split(pv.Spec.CSI.VolumeHandle, "/")
-	return filepath.Join(c.poolDir(), parts[len(parts)-1]+".img")
-}
-
-// loopDevicesOf lists the loop devices backed by file.
-func loopDevicesOf(t *testing.T, file string) []string {
-	t.Helper()
-	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var out []string
-	for _, m := range matches {
-		data, err := os.ReadFile(m)
+	block := pv.Spec.VolumeMode != nil && *pv.Spec.VolumeMode == corev1.PersistentVolumeBlock
+	var staged opsapi.StagedVolume
+	var devices []opsapi.AttachedDevice
+	c.WaitFor(t, "the node plugin's /volumes to show "+pv.Name+" staged once and published to its pods", func(ctx context.Context) (bool, error) {
+		nv, err := c.TryNodeVolumes(ctx, c.Node)
 		if err != nil {
-			continue
+			return false, err
 		}
-		if strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)") == file {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(m))))
+		records := 0
+		for _, s := range nv.Staged {
+			if s.VolumeID == pv.Spec.CSI.VolumeHandle {
+				records++
+				staged = s
+			}
 		}
-	}
-	return out
+		_, devices = stagedOf(nv, pv.Spec.CSI.VolumeHandle)
+		if records != 1 {
+			return false, fmt.Errorf("%d stage records of %s", records, pv.Name)
+		}
+		for _, pod := range pods {
+			if !slices.ContainsFunc(staged.Publishes, func(p string) bool { return strings.HasSuffix(p, publishSuffix(pod, pv.Name, block)) }) {
+				return false, fmt.Errorf("%s is published at %v, not to pod %s (.../%s)", pv.Name, staged.Publishes, pod.Name, publishSuffix(pod, pv.Name, block))
+			}
+		}
+		if !block && len(staged.Publishes) != len(pods) {
+			return false, fmt.Errorf("%s is published at %v, want only its %d pods'", pv.Name, staged.Publishes, len(pods))
+		}
+		return true, nil
+	})
+	return staged, devices
 }
 
-func fileSum(t *testing.T, path string) string {
+// image returns the controller's record of pv's image, or nil.
+func (c *cluster) image(t *testing.T, pv *corev1.PersistentVolume) *opsapi.Image {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	images := c.ControllerImages(t)
+	for _, b := range images.Backends {
+		if b.Error != "" {
+			t.Fatalf("the controller cannot list backend %s: %s", b.Backend, b.Error)
+		}
+		for i := range b.Images {
+			if b.Images[i].VolumeID == pv.Spec.CSI.VolumeHandle {
+				return &b.Images[i]
+			}
+		}
+	}
+	return nil
+}
+
+// podRun runs the e2e image's program in a running pod (`kubectl exec`),
+// e.g. `verify /data/file`, and returns what it printed.
+func (c *cluster) podRun(t *testing.T, ns, pod string, args ...string) string {
+	t.Helper()
+	return strings.TrimSpace(c.Exec(t, ns, pod, "e2e", append([]string{podBinary}, args...)...))
+}
+
+// spindle runs the operators' kubectl plugin (built by `make build`) with
+// the cluster's kubeconfig, as user (--as) unless it is empty. Without
+// SPINDLE_E2E_NODE_ADDRESS it finds the node plugins and the controller
+// itself, through the API server. It returns stdout and the exit status,
+// failing the test on status 2 (the command could not run).
+func (c *cluster) spindle(t *testing.T, user string, args ...string) (string, int) {
+	t.Helper()
+	bin, err := filepath.Abs("../../bin/kubectl-spindle")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("kubectl-spindle is not built (make build): %v", err)
+	}
+	args = append(args, "--kubeconfig", c.Kubeconfig)
+	args = append(args, c.NodeAddressFlags()...)
+	if user != "" {
+		args = append(args, "--as", user)
+	}
+	cmd := exec.Command(bin, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	code := 0
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("kubectl-spindle %v: %v", args, err)
+	}
+	if code != 0 && code != 1 {
+		t.Fatalf("kubectl-spindle %v: exit %d\n%s%s", args, code, stdout.String(), stderr.String())
+	}
+	return stdout.String(), code
 }

@@ -3,33 +3,30 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"maps"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spindle-csi/spindle/e2e/kube"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/backend/loop"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
 const dataSize = "4194304" // 4 MiB written by the pods
 
-// 1. A PVC is provisioned: the PV is bound and its handle is a Spindle
-// volume ID (<backend>/<instance>/<image>) on the loop backend.
+// 1. A PVC is provisioned: the PV is bound, its handle is a Spindle volume
+// ID (<backend>/<instance>/<image>) on the loop backend, and the controller
+// lists the image under the PV's name with the claim's size.
 func TestProvisionBindsAPVWithASpindleHandle(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
@@ -50,64 +47,50 @@ func TestProvisionBindsAPVWithASpindleHandle(t *testing.T) {
 	if got := pv.Spec.Capacity[corev1.ResourceStorage]; got.Cmp(resource.MustParse("1Gi")) < 0 {
 		t.Errorf("PV capacity %s, want at least 1Gi", got.String())
 	}
-	if _, err := os.Stat(c.imagePath(pv)); err != nil {
-		t.Errorf("the image of %s is not in the pool: %v", pv.Name, err)
+	img := c.image(t, pv)
+	if img == nil {
+		t.Fatalf("the controller's /images has no image %s", pv.Spec.CSI.VolumeHandle)
+	}
+	if img.Name != pv.Name || img.Image != id.Image || img.CapacityBytes < 1<<30 || len(img.PublishedTo) != 0 {
+		t.Errorf("the controller's image %+v, want name %s, image %s, at least 1 GiB, published nowhere", *img, pv.Name, id.Image)
 	}
 }
 
-// 2. A pod using the claim: the VolumeAttachment is attached and shows the
-// driver's publish_context; kubelet staged the volume at its global mount
-// and published it into the pod; what the pod wrote, a second pod reads.
+// 2. A pod using the claim: the VolumeAttachment is attached and its
+// attachmentMetadata is the loop backend's publish_context (the image's
+// path, read-write); the controller has the image published to the node; the node
+// plugin staged it once on a loop device at kubelet's global mount and
+// kubelet published it into the pod; what the pod wrote is in the volume,
+// and a second pod reads it back.
 func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{})
-	writer := c.Pod(t, ns, "writer", "data", kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
-	writer = c.WaitPod(t, ns, "writer", corev1.PodRunning)
+	c.Pod(t, ns, "writer", "data", kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
+	writer := c.WaitPod(t, ns, "writer", corev1.PodRunning)
 
 	va := c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
-	// The same ControllerPublish again is idempotent and answers with the
-	// publish_context the attacher stored.
-	resp, err := c.csiClient(t).ControllerPublishVolume(context.Background(), &csi.ControllerPublishVolumeRequest{
-		VolumeId: pv.Spec.CSI.VolumeHandle, NodeId: c.Node,
-		VolumeCapability: &csi.VolumeCapability{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			// The attacher asks for ReadWriteOnce as SINGLE_NODE_MULTI_WRITER
-			// (several pods of one node), which the driver supports.
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
-		},
-	})
-	if err != nil {
-		t.Fatalf("ControllerPublishVolume: %v", err)
+	md := va.Status.AttachmentMetadata
+	if imagePath := md[loop.ContextImagePath]; len(md) != 2 || md[backend.ContextReadOnly] != "false" ||
+		!filepath.IsAbs(imagePath) || filepath.Base(imagePath) != imageName(pv)+".img" {
+		t.Errorf("VolumeAttachment %s attachmentMetadata = %v, want the image's path .../%s.img and read-only false", va.Name, md, imageName(pv))
 	}
-	if !maps.Equal(va.Status.AttachmentMetadata, resp.GetPublishContext()) {
-		t.Fatalf("VolumeAttachment %s attachmentMetadata = %v, driver's publish_context = %v", va.Name, va.Status.AttachmentMetadata, resp.GetPublishContext())
-	}
-	if va.Status.AttachmentMetadata["imagePath"] != c.imagePath(pv) {
-		t.Errorf("attachmentMetadata names image %q, want %q", va.Status.AttachmentMetadata["imagePath"], c.imagePath(pv))
+	if img := c.image(t, pv); img == nil || len(img.PublishedTo) != 1 || img.PublishedTo[0] != c.Node {
+		t.Errorf("the controller's image of %s: %+v, want it published to %s", pv.Name, img, c.Node)
 	}
 
-	staged := mountsAt(t, c.stagingPath(pv))
-	if len(staged) != 1 || staged[0].fsType != "ext4" || !strings.HasPrefix(staged[0].source, "/dev/loop") {
-		t.Fatalf("staging mount at %s = %+v, want one ext4 mount of a loop device", c.stagingPath(pv), staged)
+	staged, devices := c.stagedOnce(t, pv, writer)
+	if !strings.HasSuffix(staged.StagingPath, stagingSuffix(pv)) || staged.AccessType != "mount" || staged.FsType != "ext4" ||
+		staged.MountState != "mounted" || staged.DeviceState != "attached" || !strings.HasPrefix(staged.Device, "/dev/loop") {
+		t.Fatalf("the node plugin has %+v staged, want an ext4 mount of a loop device at .../%s", staged, stagingSuffix(pv))
 	}
-	if devs := loopDevicesOf(t, c.imagePath(pv)); len(devs) != 1 || devs[0] != staged[0].source {
-		t.Fatalf("loop devices of the image %v, staged device %s", devs, staged[0].source)
-	}
-	target := c.podVolumeDir(writer, pv.Name)
-	published := mountsAt(t, target)
-	if len(published) != 1 || published[0].source != staged[0].source {
-		t.Fatalf("pod volume %s mounts %+v, want a bind of %s", target, published, staged[0].source)
+	if len(devices) != 1 || devices[0].Device != staged.Device {
+		t.Fatalf("the node plugin holds %+v for %s, want only the staged device %s", devices, pv.Name, staged.Device)
 	}
 
-	var wrote string
-	c.WaitFor(t, "the writer's checksum file", func(context.Context) (bool, error) {
-		data, err := os.ReadFile(filepath.Join(target, "file.sha256"))
-		wrote = strings.TrimSpace(string(data))
-		return err == nil && len(wrote) == 64, nil
-	})
-	if got := fileSum(t, filepath.Join(target, "file")); got != wrote {
-		t.Fatalf("file in the pod volume has checksum %s, the pod recorded %s", got, wrote)
+	wrote := strings.TrimPrefix(c.WaitLogLine(t, ns, "writer", "wrote "), "wrote ")
+	if got := c.podRun(t, ns, "writer", "verify", "/data/file"); got != "verified "+wrote {
+		t.Fatalf("the file in the writer's volume: %q, want verified %s", got, wrote)
 	}
 
 	c.DeletePod(t, ns, "writer")
@@ -118,88 +101,79 @@ func TestPodWritesAndASecondPodReadsBack(t *testing.T) {
 	}
 }
 
-// 3. Two pods on the node share one RWO volume: formatted once, staged
-// once, published twice.
+// 3. Two pods on the node share one RWO volume: staged once, published
+// twice, one device and one VolumeAttachment; formatted once: the second
+// pod finds what the first wrote before it came, and each reads the
+// other's file.
 func TestTwoPodsShareOneVolume(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "shared", kube.ClaimOptions{})
-	a := c.Pod(t, ns, "pod-a", "shared", kube.PodOptions{Args: []string{"write", "/data/a", "4096"}})
-	b := c.Pod(t, ns, "pod-b", "shared", kube.PodOptions{Args: []string{"write", "/data/b", "4096"}})
-	a = c.WaitPod(t, ns, "pod-a", corev1.PodRunning)
-	b = c.WaitPod(t, ns, "pod-b", corev1.PodRunning)
+	c.Pod(t, ns, "pod-a", "shared", kube.PodOptions{Args: []string{"write", "/data/a", "4096"}})
+	a := c.WaitPod(t, ns, "pod-a", corev1.PodRunning)
+	wroteA := strings.TrimPrefix(c.WaitLogLine(t, ns, "pod-a", "wrote "), "wrote ")
+	c.Pod(t, ns, "pod-b", "shared", kube.PodOptions{Args: []string{"write", "/data/b", "4096"}})
+	b := c.WaitPod(t, ns, "pod-b", corev1.PodRunning)
+	wroteB := strings.TrimPrefix(c.WaitLogLine(t, ns, "pod-b", "wrote "), "wrote ")
 
-	handle := pv.Spec.CSI.VolumeHandle
-	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": handle})); n != 1 {
-		t.Errorf("volume formatted %d times, want once", n)
+	staged, devices := c.stagedOnce(t, pv, a, b)
+	if len(devices) != 1 || devices[0].Device != staged.Device {
+		t.Errorf("the node plugin holds %+v for %s, want only the staged device %s", devices, pv.Name, staged.Device)
 	}
-	if n := len(c.driverLog(t, map[string]string{"msg": "rpc", "method": "NodeStageVolume", "code": "OK", "volumeID": handle})); n != 1 {
-		t.Errorf("NodeStageVolume succeeded %d times, want once", n)
+	// One filesystem, formatted before pod-a wrote: each pod reads the
+	// other's file.
+	if got := c.podRun(t, ns, "pod-b", "verify", "/data/a"); got != "verified "+wroteA {
+		t.Errorf("pod-b reads pod-a's file: %q, want verified %s", got, wroteA)
 	}
-	if n := len(c.driverLog(t, map[string]string{"msg": "rpc", "method": "NodePublishVolume", "code": "OK", "volumeID": handle})); n != 2 {
-		t.Errorf("NodePublishVolume succeeded %d times, want twice", n)
+	if got := c.podRun(t, ns, "pod-a", "verify", "/data/b"); got != "verified "+wroteB {
+		t.Errorf("pod-a reads pod-b's file: %q, want verified %s", got, wroteB)
 	}
-	staged := mountsAt(t, c.stagingPath(pv))
-	if len(staged) != 1 {
-		t.Fatalf("staging mounts %+v, want one", staged)
-	}
-	for _, pod := range []*corev1.Pod{a, b} {
-		if m := mountsAt(t, c.podVolumeDir(pod, pv.Name)); len(m) != 1 || m[0].source != staged[0].source {
-			t.Fatalf("pod %s volume mounts %+v, want a bind of %s", pod.Name, m, staged[0].source)
-		}
-	}
-	// Both pods write into the same filesystem.
-	c.WaitFor(t, "both pods' files in the volume", func(context.Context) (bool, error) {
-		_, errA := os.Stat(filepath.Join(c.stagingPath(pv), "a.sha256"))
-		_, errB := os.Stat(filepath.Join(c.stagingPath(pv), "b.sha256"))
-		return errA == nil && errB == nil, nil
-	})
 	if vas, err := c.AttachmentsOf(context.Background(), pv.Name); err != nil || len(vas) != 1 {
 		t.Fatalf("VolumeAttachments of %s: %d (%v), want one", pv.Name, len(vas), err)
 	}
 }
 
-// 4. volumeMode Block: the pod gets the device at its volumeDevices path,
-// and raw data survives the pod being replaced.
+// 4. volumeMode Block: the pod gets the device at its volumeDevices path
+// (staged as a block volume: nothing mounted, nothing formatted), and the
+// raw data, at offset 0 where a filesystem would have put its own, survives
+// the volume being detached and attached again for another pod.
 func TestBlockVolumeKeepsRawData(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "raw", kube.ClaimOptions{Block: true, Size: "64Mi"})
 	c.Pod(t, ns, "writer", "raw", kube.PodOptions{Block: true, Args: []string{"write-block", "/dev/xvda", "1048576"}})
-	c.WaitPod(t, ns, "writer", corev1.PodRunning)
+	writer := c.WaitPod(t, ns, "writer", corev1.PodRunning)
 	c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
-	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": pv.Spec.CSI.VolumeHandle})); n != 0 {
-		t.Fatalf("a block volume was formatted %d times", n)
+	staged, devices := c.stagedOnce(t, pv, writer)
+	if staged.AccessType != "block" || staged.FsType != "" || staged.MountState != "" || staged.DeviceState != "attached" ||
+		!strings.HasPrefix(staged.Device, "/dev/loop") || len(devices) != 1 {
+		t.Fatalf("the node plugin has %+v staged and holds %+v, want one loop device staged as a block volume", staged, devices)
 	}
-	// The data reaches the image file: read it there, outside the pod.
-	var onImage string
-	c.WaitFor(t, "the writer's data on the image", func(context.Context) (bool, error) {
-		f, err := os.Open(c.imagePath(pv))
-		if err != nil {
-			return false, err
-		}
-		defer f.Close()
-		buf := make([]byte, 1048576+64)
-		if _, err := f.ReadAt(buf, 0); err != nil {
-			return false, err
-		}
-		onImage = string(buf[1048576:])
-		return onImage != strings.Repeat("\x00", 64), nil
-	})
+	wrote := strings.TrimPrefix(c.WaitLogLine(t, ns, "writer", "wrote "), "wrote ")
+
 	c.DeletePod(t, ns, "writer")
+	c.WaitFor(t, "the volume detached", func(ctx context.Context) (bool, error) {
+		vas, err := c.AttachmentsOf(ctx, pv.Name)
+		return err == nil && len(vas) == 0, err
+	})
+	if staged, devices := c.staged(t, c.Node, pv); staged != nil || len(devices) != 0 {
+		t.Fatalf("after the detach the node plugin still has %+v staged and holds %+v", staged, devices)
+	}
 	c.Pod(t, ns, "reader", "raw", kube.PodOptions{Block: true, Args: []string{"verify-block", "/dev/xvda", "1048576"}})
 	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
-	if got := kube.TerminationMessage(reader); got != "verified "+onImage {
-		t.Fatalf("reader says %q, want verified %s", got, onImage)
+	if got := kube.TerminationMessage(reader); got != "verified "+wrote {
+		t.Fatalf("reader says %q, want verified %s", got, wrote)
 	}
 }
 
-// 5. Expanding a PVC (xfs) while a pod uses it: ControllerExpand and
-// NodeExpand run, and the pod sees the larger filesystem.
+// 5. Expanding a PVC (xfs) while a pod uses it: the controller's image
+// grows (ControllerExpand) and the pod sees the larger filesystem
+// (NodeExpand).
 func TestExpandWhileInUse(t *testing.T) {
 	c := connect(t)
+	c.NeedClass(t, c.XFSStorageClass, false)
 	ns := c.Namespace(t)
-	_, pv := c.Claim(t, ns, "grow", kube.ClaimOptions{StorageClass: "spindle-xfs", Size: "1Gi"})
+	_, pv := c.Claim(t, ns, "grow", kube.ClaimOptions{StorageClass: c.XFSStorageClass, Size: "1Gi"})
 	// The pod waits, mounted, until its filesystem is over 1.5 GiB.
 	c.Pod(t, ns, "watcher", "grow", kube.PodOptions{Args: []string{"wait-size", "/data", "1610612736", "170"}})
 	c.WaitPod(t, ns, "watcher", corev1.PodRunning)
@@ -218,33 +192,19 @@ func TestExpandWhileInUse(t *testing.T) {
 		capacity := got.Status.Capacity[corev1.ResourceStorage]
 		return capacity.Cmp(resource.MustParse("2Gi")) == 0, nil
 	})
-	handle := pv.Spec.CSI.VolumeHandle
-	for _, method := range []string{"ControllerExpandVolume", "NodeExpandVolume"} {
-		if n := len(c.driverLog(t, map[string]string{"msg": "rpc", "method": method, "code": "OK", "volumeID": handle})); n == 0 {
-			t.Errorf("%s never succeeded for %s", method, handle)
-		}
-	}
-	if st, err := os.Stat(c.imagePath(pv)); err != nil || st.Size() != 2<<30 {
-		t.Errorf("image size after expansion: %v, %v; want 2 GiB", st, err)
+	if img := c.image(t, pv); img == nil || img.CapacityBytes != 2<<30 {
+		t.Errorf("the controller's image after expansion: %+v, want 2 GiB", img)
 	}
 }
 
-var volumeSnapshots = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
-
-// writeFile starts pod on claim (of PV pv) writing dataSize bytes to
-// /data/file, waits for its checksum file and returns the checksum; the
-// pod keeps running.
-func (c *cluster) writeFile(t *testing.T, ns, pod, claim string, pv *corev1.PersistentVolume) string {
+// writeFile starts pod on claim writing dataSize bytes to /data/file,
+// waits until it logs the checksum of what it wrote (through the API
+// server) and returns the checksum; the pod keeps running.
+func (c *cluster) writeFile(t *testing.T, ns, pod, claim string) string {
 	t.Helper()
 	c.Pod(t, ns, pod, claim, kube.PodOptions{Args: []string{"write", "/data/file", dataSize}})
-	writer := c.WaitPod(t, ns, pod, corev1.PodRunning)
-	var wrote string
-	c.WaitFor(t, "the checksum file of "+pod, func(context.Context) (bool, error) {
-		data, err := os.ReadFile(filepath.Join(c.podVolumeDir(writer, pv.Name), "file.sha256"))
-		wrote = strings.TrimSpace(string(data))
-		return err == nil && len(wrote) == 64, nil
-	})
-	return wrote
+	c.WaitPod(t, ns, pod, corev1.PodRunning)
+	return strings.TrimPrefix(c.WaitLogLine(t, ns, pod, "wrote "), "wrote ")
 }
 
 // snapshot takes VolumeSnapshot name of claim with class, waits until it
@@ -259,14 +219,14 @@ func (c *cluster) snapshot(t *testing.T, ns, name, class, claim string) {
 			"source":                  map[string]any{"persistentVolumeClaimName": claim},
 		},
 	}}
-	if _, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Dynamic.Resource(kube.VolumeSnapshots).Namespace(ns).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create VolumeSnapshot %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		_ = c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = c.Dynamic.Resource(kube.VolumeSnapshots).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 	c.WaitFor(t, "VolumeSnapshot "+name+" readyToUse", func(ctx context.Context) (bool, error) {
-		got, err := c.Dynamic.Resource(volumeSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		got, err := c.Dynamic.Resource(kube.VolumeSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -275,12 +235,14 @@ func (c *cluster) snapshot(t *testing.T, ns, name, class, claim string) {
 	})
 }
 
-// 6. A VolumeSnapshot restored into a new claim holds the same data.
+// 6. A VolumeSnapshot restored into a new claim holds the same data (not
+// a fresh filesystem: the file is there).
 func TestSnapshotRestoresTheData(t *testing.T) {
 	c := connect(t)
+	c.NeedClass(t, c.SnapshotClass, true)
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "origin", kube.ClaimOptions{})
-	wrote := c.writeFile(t, ns, "writer", "origin", pv)
+	wrote := c.writeFile(t, ns, "writer", "origin")
 	// A pool without reflink copies an image only while no node has it
 	// attached; the snapshot is taken after the writer is gone.
 	c.DeletePod(t, ns, "writer")
@@ -289,7 +251,7 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 		return err == nil && len(vas) == 0, err
 	})
 
-	c.snapshot(t, ns, "snap", "spindle", "origin")
+	c.snapshot(t, ns, "snap", c.SnapshotClass, "origin")
 
 	group := "snapshot.storage.k8s.io"
 	_, restored := c.Claim(t, ns, "restored", kube.ClaimOptions{DataSource: &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "snap"}})
@@ -300,9 +262,6 @@ func TestSnapshotRestoresTheData(t *testing.T) {
 	reader := c.WaitPod(t, ns, "reader", corev1.PodSucceeded)
 	if got := kube.TerminationMessage(reader); got != "verified "+wrote {
 		t.Fatalf("reader of the restored volume says %q, want verified %s", got, wrote)
-	}
-	if n := len(c.driverLog(t, map[string]string{"msg": "formatted volume", "volumeID": restored.Spec.CSI.VolumeHandle})); n != 0 {
-		t.Fatalf("the restored volume was formatted %d times", n)
 	}
 }
 
@@ -322,7 +281,7 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	ctx := context.Background()
 	_, pv := c.Claim(t, ns, "exclusive", kube.ClaimOptions{})
 	c.Pod(t, ns, "holder", "exclusive", kube.PodOptions{Args: []string{"pause"}})
-	c.WaitPod(t, ns, "holder", corev1.PodRunning)
+	holder := c.WaitPod(t, ns, "holder", corev1.PodRunning)
 
 	// A node without a kubelet: the attach-detach controller manages its
 	// attachments (the annotation kubelet would set), and its CSINode maps
@@ -395,7 +354,7 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 			Node, State, Error string
 		} `json:"attachments"`
 	}
-	out := c.kubectlSpindle(t, "volumes", "-o", "json")
+	out, _ := c.spindle(t, "", "volumes", "-o", "json")
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatalf("kubectl spindle volumes -o json: %v\n%s", err, out)
 	}
@@ -414,57 +373,37 @@ func TestSecondNodeAttachErrorNamesTheHolder(t *testing.T) {
 	if states[c.Node] != "attached" || states[other] != "error" {
 		t.Errorf("kubectl spindle volumes shows %v for %s, want %s attached and %s error", states, pv.Name, c.Node, other)
 	}
-	t.Logf("$ kubectl spindle volumes\n%s", c.kubectlSpindle(t, "volumes"))
-	doctor := c.kubectlSpindle(t, "doctor", "--stuck-after", "0s")
+	table, _ := c.spindle(t, "", "volumes")
+	t.Logf("$ kubectl spindle volumes\n%s", table)
+	doctor, _ := c.spindle(t, "", "doctor", "--stuck-after", "0s")
 	t.Logf("$ kubectl spindle doctor --stuck-after 0s\n%s", doctor)
 	for _, want := range []string{va.Name, c.Node} {
 		if !strings.Contains(doctor, want) {
 			t.Errorf("doctor does not mention %s:\n%s", want, doctor)
 		}
 	}
-	describe := c.kubectlSpindle(t, "describe", "exclusive", "-n", ns)
+	describe, _ := c.spindle(t, "", "describe", "exclusive", "-n", ns)
 	t.Logf("$ kubectl spindle describe exclusive -n %s\n%s", ns, describe)
-	for _, want := range []string{pv.Spec.CSI.VolumeHandle, c.stagingPath(pv), "/dev/loop", "holder"} {
+	staged, _ := c.stagedOnce(t, pv, holder)
+	for _, want := range []string{pv.Spec.CSI.VolumeHandle, staged.StagingPath, staged.Device, "holder"} {
 		if !strings.Contains(describe, want) {
 			t.Errorf("describe does not show %s:\n%s", want, describe)
 		}
 	}
 }
 
-// kubectlSpindle runs the operators' kubectl plugin (built by `make build`)
-// against the cluster, with the node plugin's endpoint this cluster serves,
-// and returns its output. Doctor's exit status 1 (findings) is not an error.
-func (c *cluster) kubectlSpindle(t *testing.T, args ...string) string {
-	t.Helper()
-	bin, err := filepath.Abs("../../bin/kubectl-spindle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("kubectl-spindle is not built (make build): %v", err)
-	}
-	args = append(args, "--kubeconfig", filepath.Join(c.Dir, "admin.kubeconfig"), "--node-address", c.Node+"="+c.nodeMetricsAddress())
-	cmd := exec.Command(bin, args...)
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1 && args[0] == "doctor") {
-		t.Fatalf("kubectl-spindle %v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
-
-// 8. Teardown: deleting the pod removes the VolumeAttachment and detaches
-// the loop device; deleting the claim deletes the PV and the image.
+// 8. Teardown: deleting the pod removes the VolumeAttachment, and the
+// node plugin unstages the volume and detaches its loop device; deleting
+// the claim deletes the PV and the controller's image.
 func TestTeardownLeavesNothing(t *testing.T) {
 	c := connect(t)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	_, pv := c.Claim(t, ns, "gone", kube.ClaimOptions{})
 	c.Pod(t, ns, "user", "gone", kube.PodOptions{Args: []string{"pause"}})
-	c.WaitPod(t, ns, "user", corev1.PodRunning)
-	image := c.imagePath(pv)
-	if devs := loopDevicesOf(t, image); len(devs) != 1 {
-		t.Fatalf("loop devices of the image while in use: %v, want one", devs)
+	user := c.WaitPod(t, ns, "user", corev1.PodRunning)
+	if _, devices := c.stagedOnce(t, pv, user); len(devices) != 1 {
+		t.Fatalf("devices of the volume while in use: %+v, want one", devices)
 	}
 
 	c.DeletePod(t, ns, "user")
@@ -472,11 +411,8 @@ func TestTeardownLeavesNothing(t *testing.T) {
 		vas, err := c.AttachmentsOf(ctx, pv.Name)
 		return err == nil && len(vas) == 0, err
 	})
-	if devs := loopDevicesOf(t, image); len(devs) != 0 {
-		t.Fatalf("loop devices left after the pod was deleted: %v", devs)
-	}
-	if m := mountsAt(t, c.stagingPath(pv)); len(m) != 0 {
-		t.Fatalf("staging mount left: %+v", m)
+	if staged, devices := c.staged(t, c.Node, pv); staged != nil || len(devices) != 0 {
+		t.Fatalf("after the pod was deleted the node plugin still has %+v staged and holds %+v", staged, devices)
 	}
 
 	if err := c.Client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
@@ -486,7 +422,7 @@ func TestTeardownLeavesNothing(t *testing.T) {
 		_, err := c.Client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
-	if _, err := os.Stat(image); !os.IsNotExist(err) {
-		t.Fatalf("image %s after the PV was deleted: %v", image, err)
+	if img := c.image(t, pv); img != nil {
+		t.Fatalf("the controller still has the image after the PV was deleted: %+v", *img)
 	}
 }

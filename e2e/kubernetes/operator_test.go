@@ -1,14 +1,9 @@
 package kubernetes
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -37,16 +32,17 @@ func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "viewed", kube.ClaimOptions{})
 	c.Pod(t, ns, "user", "viewed", kube.PodOptions{Args: []string{"pause"}})
-	c.WaitPod(t, ns, "user", corev1.PodRunning)
+	user := c.WaitPod(t, ns, "user", corev1.PodRunning)
 	c.Attachment(t, pv.Name, c.Node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
 
 	c.checkVolumesThroughProxy(t, pv)
-	describe, _ := c.spindleThroughAPIServer(t, "", "describe", "viewed", "-n", ns)
+	staged, _ := c.stagedOnce(t, pv, user)
+	describe, _ := c.spindle(t, "", "describe", "viewed", "-n", ns)
 	t.Logf("$ kubectl spindle describe viewed -n %s\n%s", ns, describe)
 	for _, want := range []string{
 		"Volume:     " + pv.Spec.CSI.VolumeHandle,
-		"device:       /dev/loop",
-		"staging path: " + c.stagingPath(pv),
+		"device:       " + staged.Device,
+		"staging path: " + staged.StagingPath,
 		"mount:        mounted, ext4, read-only=false",
 		fmt.Sprintf("Pod:        %s/user on %s (Running)", ns, c.Node),
 	} {
@@ -63,7 +59,7 @@ func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 	// but not pods/proxy.
 	viewer := c.viewerWithoutPodsProxy(t)
 	want := fmt.Sprintf(`cannot get pods/proxy in namespace %s: RBAC needs verb "get" on resource "pods/proxy" for user %q`, driverNS, viewer)
-	doctor, code := c.spindleThroughAPIServer(t, viewer, "doctor")
+	doctor, code := c.spindle(t, viewer, "doctor")
 	t.Logf("$ kubectl spindle doctor --as %s\n%s", viewer, doctor)
 	for _, w := range []string{
 		"[NodePluginUnreachable] node/" + c.Node + ": ", "[ControllerUnreachable] controller: ", want,
@@ -76,7 +72,7 @@ func TestOperatorViewThroughAPIServerProxy(t *testing.T) {
 	if code != 1 {
 		t.Errorf("doctor as %s exited %d, want 1 (findings)", viewer, code)
 	}
-	describe, _ = c.spindleThroughAPIServer(t, viewer, "describe", "viewed", "-n", ns)
+	describe, _ = c.spindle(t, viewer, "describe", "viewed", "-n", ns)
 	if !strings.Contains(describe, "  node plugin: ") || !strings.Contains(describe, want) {
 		t.Errorf("describe as %s does not say %q:\n%s", viewer, want, describe)
 	}
@@ -93,6 +89,9 @@ func (c *cluster) chartNamespace(t *testing.T) string {
 	}
 	if len(pods.Items) == 0 {
 		t.Skipf("the driver is not deployed by the chart (no pod labelled %s): this test runs against DEPLOY=helm", chartNodePlugins)
+	}
+	if flags := c.NodeAddressFlags(); len(flags) > 0 {
+		t.Skipf("the driver's endpoints are given directly (%v): this test finds them through the API server", flags)
 	}
 	node, err := c.Client.CoreV1().Nodes().Get(ctx, c.Node, metav1.GetOptions{})
 	if err != nil {
@@ -114,7 +113,7 @@ func (c *cluster) chartNamespace(t *testing.T) string {
 // to the test node.
 func (c *cluster) checkVolumesThroughProxy(t *testing.T, pv *corev1.PersistentVolume) {
 	t.Helper()
-	out, _ := c.spindleThroughAPIServer(t, "", "volumes", "-o", "json")
+	out, _ := c.spindle(t, "", "volumes", "-o", "json")
 	var rows []struct {
 		PV          string `json:"pv"`
 		Attachments []struct{ Node, State string }
@@ -124,7 +123,7 @@ func (c *cluster) checkVolumesThroughProxy(t *testing.T, pv *corev1.PersistentVo
 	}
 	for _, r := range rows {
 		if r.PV == pv.Name && len(r.Attachments) == 1 && r.Attachments[0].Node == c.Node && r.Attachments[0].State == "attached" {
-			table, _ := c.spindleThroughAPIServer(t, "", "volumes")
+			table, _ := c.spindle(t, "", "volumes")
 			t.Logf("$ kubectl spindle volumes\n%s", table)
 			return
 		}
@@ -136,9 +135,9 @@ func (c *cluster) checkVolumesThroughProxy(t *testing.T, pv *corev1.PersistentVo
 // (nothing unreachable) and finds nothing wrong with the test's volume.
 func (c *cluster) checkDoctorThroughProxy(t *testing.T) {
 	t.Helper()
-	table, _ := c.spindleThroughAPIServer(t, "", "doctor")
+	table, _ := c.spindle(t, "", "doctor")
 	t.Logf("$ kubectl spindle doctor\n%s", table)
-	out, _ := c.spindleThroughAPIServer(t, "", "doctor", "-o", "json")
+	out, _ := c.spindle(t, "", "doctor", "-o", "json")
 	var findings []struct{ Kind, Object, Node, Message string }
 	if err := json.Unmarshal([]byte(out), &findings); err != nil {
 		t.Fatalf("kubectl spindle doctor -o json: %v\n%s", err, out)
@@ -183,40 +182,4 @@ func (c *cluster) viewerWithoutPodsProxy(t *testing.T) string {
 		return err == nil && review.Status.Allowed, err
 	})
 	return name
-}
-
-// spindleThroughAPIServer runs kubectl-spindle (built by `make build`)
-// with the cluster's admin kubeconfig, as user (--as) unless it is empty,
-// and nothing that points it at a node: it finds the plugins itself. It
-// returns stdout and the exit status, failing the test on status 2 (the
-// command could not run).
-func (c *cluster) spindleThroughAPIServer(t *testing.T, user string, args ...string) (string, int) {
-	t.Helper()
-	bin, err := filepath.Abs("../../bin/kubectl-spindle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("kubectl-spindle is not built (make build): %v", err)
-	}
-	args = append(args, "--kubeconfig", filepath.Join(c.Dir, "admin.kubeconfig"))
-	if user != "" {
-		args = append(args, "--as", user)
-	}
-	cmd := exec.Command(bin, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err = cmd.Run()
-	var exit *exec.ExitError
-	code := 0
-	switch {
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		t.Fatalf("kubectl-spindle %v: %v", args, err)
-	}
-	if code != 0 && code != 1 {
-		t.Fatalf("kubectl-spindle %v: exit %d\n%s%s", args, code, stdout.String(), stderr.String())
-	}
-	return stdout.String(), code
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -75,11 +74,12 @@ func (c *cluster) postgresPod(t *testing.T, ns, name, claim, script string, read
 }
 
 // clusterMap is the cluster map file the driver reads, when the driver
-// is a host process of the cluster (make e2e, DEPLOY=process).
+// is a host process of the cluster (make e2e, DEPLOY=process): the test
+// rewrites it on this machine as kubelet rewrites the file of Rook's
+// ConfigMap in the driver's pod.
 type clusterMap struct {
 	file    string // the map, as Rook's ConfigMap becomes a file
 	movedTo string // the monitor's other address (msgr1)
-	pidFile string // the driver's
 }
 
 // requireClusterMap skips unless the run's Ceph is reached through a
@@ -91,12 +91,10 @@ func requireClusterMap(t *testing.T) (rookCeph, *cluster, clusterMap) {
 	if m.file == "" || m.movedTo == "" {
 		t.Skip("SPINDLE_E2E_CLUSTER_MAP and SPINDLE_E2E_CEPH_MON_V1 are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
 	}
-	c := connect(t)
-	m.pidFile = filepath.Join(c.Dir, "run", "spindle.pid")
-	if _, err := os.Stat(m.pidFile); err != nil {
-		t.Skipf("the driver is not a host process of the cluster (%v): this test rewrites the map file it reads", err)
+	if _, err := os.Stat(m.file); err != nil {
+		t.Skipf("the driver's cluster map is not a file on this machine (%v): this test rewrites the map the driver reads", err)
 	}
-	return r, c, m
+	return r, connect(t), m
 }
 
 // rewrite replaces the map file as kubelet updates a ConfigMap volume (a
@@ -224,8 +222,8 @@ wait $pg
 	// Rook's ConfigMap does after a mon failover. A new claim provisions
 	// and mounts; the database pod is untouched.
 	m.rewrite(t)(m.movedTo)
-	_, after := c.Claim(t, ns, "after-move", kube.ClaimOptions{StorageClass: class})
-	wrote := c.writeFile(t, ns, "writer", "after-move", after)
+	c.Claim(t, ns, "after-move", kube.ClaimOptions{StorageClass: class})
+	wrote := c.writeFile(t, ns, "writer", "after-move")
 	c.DeletePod(t, ns, "writer")
 	c.Pod(t, ns, "reader", "after-move", kube.PodOptions{Args: []string{"verify", "/data/file"}})
 	if msg := kube.TerminationMessage(c.WaitPod(t, ns, "reader", corev1.PodSucceeded)); msg != "verified "+wrote {

@@ -23,17 +23,18 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 )
 
-var volumeSnapshotClasses = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotclasses"}
-
-// What Rook users bring, on the Ceph that `make e2e` starts beside the
-// cluster when it runs the driver as host processes (hack/local-cluster/
+// What Rook users bring, on the throw-away Ceph that `make e2e` starts on
+// this machine when it runs the driver as host processes (hack/local-cluster/
 // e2e.sh): the driver reaches that Ceph only through a cluster map in
 // ceph-csi's format (Rook's rook-ceph-csi-config), as cluster rook-ceph.
+// The Kubernetes side is checked through the API server, as every test
+// here; the Ceph side (the image's data objects and metadata) with the
+// Ceph CLIs against that Ceph. Where the driver cannot reach it (the
+// chart's pods, kind, another cluster) the tests skip, saying so.
 
 // rookCeph is the Ceph of the run, from the environment e2e.sh sets.
 type rookCeph struct {
@@ -47,7 +48,7 @@ func requireRookCeph(t *testing.T) rookCeph {
 		clusterID: os.Getenv("SPINDLE_E2E_CEPH_CLUSTER_ID"), controllerURL: os.Getenv("SPINDLE_E2E_CONTROLLER_URL"),
 	}
 	if r.conf == "" || r.pool == "" || r.clusterID == "" || r.controllerURL == "" {
-		t.Skip("no Ceph beside the cluster: SPINDLE_E2E_CEPH_CONF, SPINDLE_E2E_CEPH_POOL, SPINDLE_E2E_CEPH_CLUSTER_ID and SPINDLE_E2E_CONTROLLER_URL are set by hack/local-cluster/e2e.sh (DEPLOY=process)")
+		t.Skip("no Ceph that the driver reaches: this test needs the throw-away Ceph that hack/local-cluster/e2e.sh starts on this machine for the driver as host processes (DEPLOY=process), named by SPINDLE_E2E_CEPH_CONF, SPINDLE_E2E_CEPH_POOL, SPINDLE_E2E_CEPH_CLUSTER_ID and SPINDLE_E2E_CONTROLLER_URL; a cluster whose driver runs elsewhere (the chart's pods, kind) cannot reach it")
 	}
 	return r
 }
@@ -215,7 +216,7 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 		return err == nil && len(pods.Items) == 1, err
 	})
 
-	dry := c.kubectlSpindle(t, "adopt", "pvc/data", "-n", ns, "--controller-url", r.controllerURL, "--dry-run")
+	dry := c.adopt(t, "pvc/data", "-n", ns, "--dry-run")
 	t.Logf("$ kubectl spindle adopt pvc/data -n %s --dry-run\n%s", ns, dry)
 	for _, want := range []string{"would scale deployment/app from 1 to 0 replicas", "would delete claim " + ns + "/data", "would create PV " + oldPV + "-spindle",
 		"would scale deployment/app back to 1 replicas", "dry run: nothing was changed"} {
@@ -235,7 +236,7 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 	}
 
 	t0 := time.Now()
-	out := c.kubectlSpindle(t, "adopt", "pvc/data", "-n", ns, "--controller-url", r.controllerURL)
+	out := c.adopt(t, "pvc/data", "-n", ns)
 	took := time.Since(t0)
 	t.Logf("$ kubectl spindle adopt pvc/data -n %s   (took %s)\n%s", ns, took.Round(100*time.Millisecond), out)
 	got, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{})
@@ -284,6 +285,18 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 	t.Logf("adopted image %s/%s in %s (deployment app scaled 1 -> 0 -> 1; %d data objects before and after; %d MiB read back in a pod); snapshot restored with the same data", r.pool, image, took.Round(100*time.Millisecond), objects, dataBytes>>20)
 }
 
+// adopt runs `kubectl spindle adopt ARGS` (the controller at
+// SPINDLE_E2E_CONTROLLER_URL, which requireRookCeph requires) and returns
+// what it printed; it must succeed.
+func (c *cluster) adopt(t *testing.T, args ...string) string {
+	t.Helper()
+	out, code := c.spindle(t, "", append([]string{"adopt"}, args...)...)
+	if code != 0 {
+		t.Fatalf("kubectl spindle adopt %v: exit %d\n%s", args, code, out)
+	}
+	return out
+}
+
 // appOn is a Deployment of one pod (the e2e image, pausing) on this
 // node with claim as a block device.
 func appOn(c *cluster, ns, name, claim string) *appsv1.Deployment {
@@ -299,7 +312,7 @@ func appOn(c *cluster, ns, name, claim string) *appsv1.Deployment {
 				Spec: corev1.PodSpec{
 					NodeName: c.Node, HostNetwork: true, TerminationGracePeriodSeconds: &grace, AutomountServiceAccountToken: &noToken,
 					Containers: []corev1.Container{{
-						Name: "e2e", Image: podImage, ImagePullPolicy: corev1.PullNever, Args: []string{"pause"},
+						Name: "e2e", Image: c.PodImage, ImagePullPolicy: corev1.PullIfNotPresent, Args: []string{"pause"},
 						VolumeDevices: []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}},
 					}},
 					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
@@ -341,11 +354,11 @@ func rookClasses(t *testing.T, c *cluster) (class, snapshotClass string) {
 	var vsc map[string]any
 	rookClass(t, "rook-snapshotclass.yaml", &vsc)
 	name, _, _ := unstructured.NestedString(vsc, "metadata", "name")
-	if _, err := c.Dynamic.Resource(volumeSnapshotClasses).Create(ctx, &unstructured.Unstructured{Object: vsc}, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Dynamic.Resource(kube.VolumeSnapshotClasses).Create(ctx, &unstructured.Unstructured{Object: vsc}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = c.Dynamic.Resource(volumeSnapshotClasses).Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = c.Dynamic.Resource(kube.VolumeSnapshotClasses).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 	return sc.Name, name
 }
@@ -385,21 +398,18 @@ func (r rookCeph) rookNamespace(t *testing.T, c *cluster) {
 // map is rewritten to the monitor's other address (msgr1), as kubelet
 // rewrites the ConfigMap when Rook moves a monitor: the same claim then
 // provisions and mounts, and the snapshot restores, with the driver
-// process never restarted. (TestRookStorageClassUnchanged runs PostgreSQL
+// process never restarted (its process_start_time_seconds the same). (TestRookStorageClassUnchanged runs PostgreSQL
 // across such a move.)
 func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	r, c, m := requireClusterMap(t)
-	pid, err := os.ReadFile(m.pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	started := c.ControllerStartTime(t)
 	r.rookNamespace(t, c)
 	class, vscName := rookClasses(t, c)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 
-	_, pv := c.Claim(t, ns, "before", kube.ClaimOptions{StorageClass: class})
-	wrote := c.writeFile(t, ns, "writer", "before", pv)
+	c.Claim(t, ns, "before", kube.ClaimOptions{StorageClass: class})
+	wrote := c.writeFile(t, ns, "writer", "before")
 	c.DeletePod(t, ns, "writer")
 	c.snapshot(t, ns, "snap", vscName, "before")
 
@@ -444,12 +454,8 @@ func TestMonitorMoveNeedsNoRestart(t *testing.T) {
 	if msg := kube.TerminationMessage(c.WaitPod(t, ns, "reader", corev1.PodSucceeded)); msg != "verified "+wrote {
 		t.Fatalf("the reader of the restored snapshot says %q, want verified %s", msg, wrote)
 	}
-	now, err := os.ReadFile(m.pidFile)
-	if err != nil || string(now) != string(pid) {
-		t.Fatalf("the driver's pid file says %q (%v), was %q: it was restarted", now, err, pid)
+	if now := c.ControllerStartTime(t); now != started {
+		t.Fatalf("the driver's process_start_time_seconds is %.2f, was %.2f: it was restarted", now, started)
 	}
-	if _, err := os.Stat(filepath.Join("/proc", strings.TrimSpace(string(pid)))); err != nil {
-		t.Fatalf("the driver process %s is gone: %v", strings.TrimSpace(string(pid)), err)
-	}
-	t.Logf("driver process %s throughout: a claim provisioned and mounted after the map moved the monitor to %s; Rook's snapshot class restored the data", strings.TrimSpace(string(pid)), m.movedTo)
+	t.Logf("the driver process (started at %.2f) throughout: a claim provisioned and mounted after the map moved the monitor to %s; Rook's snapshot class restored the data", started, m.movedTo)
 }

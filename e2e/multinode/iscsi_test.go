@@ -63,7 +63,7 @@ func TestISCSINodeNeedsOnlyThePortal(t *testing.T) {
 		Spec: corev1.PodSpec{
 			NodeName: c.a, HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{
-				Name: "probe", Image: kube.PodImage, ImagePullPolicy: corev1.PullNever, Args: []string{"pause"},
+				Name: "probe", Image: c.PodImage, ImagePullPolicy: corev1.PullIfNotPresent, Args: []string{"pause"},
 				VolumeMounts: []corev1.VolumeMount{{Name: "pool", MountPath: "/pool", ReadOnly: true}},
 			}},
 			Volumes: []corev1.Volume{{Name: "pool", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: pools[0], Type: &dirType}}}},

@@ -3,7 +3,9 @@
 # kube-controller-manager, kube-scheduler, kubelet, kubectl, the CSI sidecars
 # (csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter,
 # snapshot-controller) and containerd + runc + the CNI loopback plugin from
-# Debian's packages (unpacked, not installed, so no service starts).
+# Debian's packages (unpacked, not installed, so no service starts). With
+# KIND_NODE=1 also kubeadm and kube-proxy, which hack/kind's offline node
+# image needs besides the five Kubernetes binaries above.
 #
 # Everything is cached in $CACHE (default ~/.cache/spindle/local-cluster):
 # a component is rebuilt only when its pinned version changes (the cold and
@@ -126,9 +128,13 @@ kubernetes_version_x() {
     "-X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 }
 
-kubernetes() {
-  kubernetes_module "$SRC/kubernetes"
-  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+# kubernetes_cmds NAME CMD...: k8s.io/kubernetes/cmd/CMD... built in the
+# scratch module $SRC/NAME.
+kubernetes_cmds() {
+  local name=$1
+  shift
+  kubernetes_module "$SRC/$name"
+  local cmds=("$@")
   {
     printf '//go:build tools\n\npackage tools\n\nimport (\n'
     local c
@@ -140,6 +146,13 @@ kubernetes() {
   x="$(kubernetes_version_x) -X k8s.io/client-go/pkg/version.gitVersion=$K8S"
   go build -ldflags "-s -w $x" -o "$BIN/" "${cmds[@]/#/k8s.io/kubernetes/cmd/}"
 }
+
+kubernetes() { kubernetes_cmds kubernetes kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; }
+
+# What a kind node adds to the local cluster's five (hack/kind builds its
+# node image from this cache): kubeadm, which kind runs in every node, and
+# kube-proxy, which kubeadm deploys.
+kubernetes_node() { kubernetes_cmds kubernetes-node kubeadm kube-proxy; }
 
 # The Kubernetes e2e suite (e2e.test, for `make e2e-storage`) and agnhost,
 # the test image's binary, from the same release; a scratch module of its
@@ -193,6 +206,10 @@ start=$SECONDS
 step debs 2 debs
 step etcd "$ETCD" etcd
 step kubernetes "$K8S" kubernetes
+# Only a kind node image (hack/kind) needs kubeadm and kube-proxy (KIND_NODE=1).
+if [ "${KIND_NODE:-0}" = 1 ]; then
+  step kubernetes-node "$K8S" kubernetes_node
+fi
 step csi-provisioner "$PROVISIONER" provisioner
 step csi-attacher "$ATTACHER" attacher
 step csi-resizer "$RESIZER" resizer

@@ -109,14 +109,19 @@ for deploy in ${DEPLOYS:-process helm}; do
   # every rendering through the apiserver's dry run, every sidecar flag
   # known to the sidecar binaries.
   [ "$deploy" = helm ] && packages+=(./e2e/chart/)
-  # The operators' view through the API server's pod proxy needs the
-  # chart's pods; with the driver as host processes there are none.
-  # The chart's pods do not reach the Ceph on this machine's loopback.
-  skip=(-skip '^(TestAdoptCephCSIVolume|TestMonitorMoveNeedsNoRestart|TestRookStorageClassUnchanged)$')
-  [ "$deploy" = process ] && skip=(-skip '^TestOperatorViewThroughAPIServerProxy$')
+  # The tests reach the driver's endpoints through the API server's pod
+  # proxy; the driver as host processes has no pods, so they are given its
+  # address, and the operators' view through the proxy does not apply.
+  # The chart's pods do not reach the Ceph on this machine's loopback: the
+  # Rook tests run with the driver as host processes only.
+  skip=(-skip '^(TestAdoptCephCSIVolume|TestMonitorMoveNeedsNoRestart|TestRookStorageClassUnchanged)$') direct=()
+  if [ "$deploy" = process ]; then
+    skip=(-skip '^TestOperatorViewThroughAPIServerProxy$')
+    direct=(SPINDLE_E2E_NODE_ADDRESS="$NODE=127.0.0.1:9808" SPINDLE_E2E_CONTROLLER_URL=http://127.0.0.1:9808)
+  fi
   run=()
   [ -n "${E2E_RUN:-}" ] && run=(-run "$E2E_RUN")
-  SPINDLE_E2E_CLUSTER_DIR=$CLUSTER_DIR SPINDLE_E2E_NODE=$NODE SPINDLE_HELM=$("$REPO/hack/helm.sh") \
+  env "${direct[@]}" SPINDLE_E2E_KUBECONFIG="$KUBECONFIG" SPINDLE_E2E_NODE="$NODE" SPINDLE_HELM="$("$REPO/hack/helm.sh")" \
     go test -count=1 -v -timeout 30m "${skip[@]}" "${run[@]}" "${packages[@]}" 2>&1 | tee "$out"
   phase "tests ($deploy)" $((SECONDS - t))
   count_results "$out"

@@ -25,15 +25,6 @@ ctr() { "$DEBS/usr/bin/ctr" -a "$CONTAINERD_SOCKET" "$@"; }
 # Components in start order; down stops them in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet spindle
   csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller)
-# count_results FILE: sets passed and failed from `go test -v` output in
-# FILE. A package that did not build, panicked or skipped a test counts as
-# one more failure: a test that cannot run here must not pass silently.
-count_results() {
-  local skipped
-  passed=$(grep -c '^--- PASS' "$1")
-  failed=$(grep -c '^--- FAIL' "$1")
-  skipped=$(grep -c '^--- SKIP' "$1")
-  if ! grep -q '^\(ok\|FAIL\)' "$1" || [ "$skipped" -gt 0 ] || [ $((passed + failed)) -eq 0 ]; then
-    failed=$((failed + skipped + 1))
-  fi
-}
+# count_results FILE: passed and failed of a `go test -v` run.
+# shellcheck source=hack/test-results.sh
+. "$REPO/hack/test-results.sh"

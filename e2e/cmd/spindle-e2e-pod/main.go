@@ -2,7 +2,9 @@
 // (and of the cluster's pause image): a static binary, so the image needs no
 // shell and no libc. Each subcommand does one thing a test asserts on and
 // writes its result to the container's termination message, which the test
-// reads from the Pod's status; no exec or log streaming is needed.
+// reads from the Pod's status, and prints it (the pod's log). Tests also
+// run it in a running pod with `kubectl exec` (e.g. verify a file another
+// pod wrote).
 //
 //	pause                      sleep until SIGTERM, reaping children
 //	write FILE BYTES           random data + FILE.sha256, fsync'd; then pause
@@ -45,9 +47,13 @@ func main() {
 
 // report writes the termination message (best effort: the pause image has
 // no termination log) and prints it, so that a pod that keeps running
-// tells it through its log too.
+// tells it through its log too. A command run with `kubectl exec` in a
+// running container (not its PID 1) only prints: the container's
+// termination message stays its own.
 func report(msg string) {
-	_ = os.WriteFile(terminationLog, []byte(msg), 0o644)
+	if os.Getpid() == 1 {
+		_ = os.WriteFile(terminationLog, []byte(msg), 0o644)
+	}
 	fmt.Println(msg)
 }
 
