@@ -84,6 +84,12 @@ func renderings() []struct {
 			w.poolDirs, w.hostNetwork, w.secretNames = nil, true, []string{"spindle-iscsi-chap"}
 			w.iscsiPools = []string{"/var/lib/spindle/iscsi/tgt-a"}
 		})},
+		// Every pool its own volume: they were once rendered as one
+		// hostPath naming all of them.
+		{name: "several pools", files: []string{filepath.Join("testdata", "pools.yaml")}, want: with(func(w *want) {
+			w.poolDirs = []string{"/var/lib/spindle/pools/default", "/var/lib/spindle/pools/fast"}
+			w.iscsiPools = []string{"/var/lib/spindle/iscsi/tgt-a"}
+		})},
 		{name: "custom kubelet dir, driver registration, no probes", sets: []string{
 			"kubeletDir=/data/kubelet/", "node.registration=driver", "sidecars.livenessProbe.enabled=false",
 			"apiServer.host=10.1.2.3", "apiServer.port=8443", "imagePullPolicy=Always",

@@ -74,7 +74,8 @@ and needs no share of the pool (docs/backends.md). Called with
 {{- $dir := "" -}}
 {{- if and (eq .type "loop") .loop -}}{{- $dir = .loop.poolDir -}}{{- end -}}
 {{- if and (eq .type "iscsi") .iscsi (not $.node) -}}{{- $dir = .iscsi.poolDir -}}{{- end -}}
-{{- if and $dir (not (hasKey $seen $dir)) -}}
+{{- /* No right trim: each entry starts a line of its own. */ -}}
+{{- if and $dir (not (hasKey $seen $dir)) }}
 pool-{{ len $seen }}={{ $dir }}
 {{- $_ := set $seen $dir true }}
 {{- end -}}
