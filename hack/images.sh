@@ -48,13 +48,15 @@ imagetar() { (cd "$REPO" && go run ./hack/imagetar "$@"); }
 # attach paths' tools (iscsiadm, rbd for krbd, rbd-nbd, rbd-fuse, modprobe
 # for their modules) and the controller's tgtadm (an iSCSI backend on tgt),
 # cryptsetup and dmsetup for encrypted volumes, as the Dockerfile installs them.
+# rados: the RBD backend's own omap records (spindle.locations, the trash
+# list) are read and written with it.
 # date: `rbd trash mv` (DeleteVolume of an RBD volume) runs /bin/date to
 # read its --expires-at, and fails without it (Debian's slim image has it).
 PROGRAMS=(losetup blkid wipefs mount umount findmnt mountpoint lsblk blockdev
   mkfs mkfs.ext4 mke2fs resize2fs e2fsck fsck fsck.ext4 dumpe2fs tune2fs
   mkfs.xfs xfs_growfs xfs_info xfs_spaceman xfs_db xfs_repair
   mkfs.btrfs btrfs stat sync sh date
-  iscsiadm rbd rbd-nbd rbd-fuse modprobe tgtadm cryptsetup dmsetup)
+  iscsiadm rbd rbd-nbd rbd-fuse rados modprobe tgtadm cryptsetup dmsetup)
 FILES=(/etc/mke2fs.conf)
 
 driver() {

@@ -114,6 +114,8 @@ func TestDriverImageRuns(t *testing.T) {
 		{[]string{"iscsiadm", "--version"}, "iscsiadm version"},
 		{[]string{"rbd", "--version"}, "ceph version"},
 		{[]string{"rbd-nbd", "--version"}, "ceph version"},
+		// The RBD backend's omap records (rados listomapkeys, setomapval).
+		{[]string{"rados", "--version"}, "ceph version"},
 		{[]string{"modprobe", "--version"}, "kmod version"},
 		{[]string{"tgtadm", "--version"}, "1.0."},
 		// rbd trash mv runs /bin/date for its --expires-at ("now").
