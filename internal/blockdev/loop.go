@@ -52,6 +52,14 @@ type LoopDevices interface {
 	BoundUnder(ctx context.Context, dir string) ([]LoopDevice, error)
 	// Get returns the device at dev, or ErrNotFound when it is not bound.
 	Get(ctx context.Context, dev string) (*LoopDevice, error)
+	// Resolve reports whether d is bound to file, and then sets
+	// d.BackingFile to file. The kernel shows a backing file's path as the
+	// process that bound it saw it; once that process's mount of the file
+	// is gone (a node plugin container that restarted took its bind mount
+	// of the pool with it) the path starts at that mount's root
+	// ("/pvc-….img"). Such a path must be the end of file, and the file is
+	// then compared by device and inode, never by name alone.
+	Resolve(d *LoopDevice, file string) (bool, error)
 	// InUse reports whether dev is held by a mount or another exclusive user.
 	InUse(dev string) (bool, error)
 	// Available reports whether this node can bind loop devices at all.
@@ -224,7 +232,8 @@ func (l *losetup) Detach(ctx context.Context, dev string) error {
 }
 
 // BoundTo reads the devices the index has for file back from sysfs and
-// returns those still bound to it (see bindings).
+// returns those still bound to it (see bindings), and those whose path
+// sysfs shows from a mount that is gone (see Resolve).
 func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) {
 	names, err := l.candidates(file)
 	if err != nil {
@@ -242,13 +251,105 @@ func (l *losetup) BoundTo(_ context.Context, file string) ([]LoopDevice, error) 
 		}
 		out = append(out, *d)
 	}
+	for _, name := range l.bound.shownAs(file) {
+		d, err := l.device(name)
+		if err != nil {
+			return nil, err
+		}
+		if d == nil {
+			continue
+		}
+		if ok, err := l.Resolve(d, file); err != nil {
+			return nil, err
+		} else if ok {
+			out = append(out, *d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
 }
 
-// BoundUnder implements LoopDevices with the same scan as BoundTo.
+// shownAs returns the devices the index has under a shorter path that
+// file ends with: candidates bound through a mount that is gone.
+func (b *bindings) shownAs(file string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var names []string
+	for shown, devs := range b.byFile {
+		if shown != file && endsWithPath(file, shown) {
+			for name := range devs {
+				names = append(names, name)
+			}
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// endsWithPath reports whether path ends with the whole components of
+// tail, an absolute path ("/b/c" ends "/a/b/c", "/c" does not end "/a/bc").
+func endsWithPath(path, tail string) bool {
+	return strings.HasPrefix(tail, "/") && strings.HasSuffix(path, tail)
+}
+
+// Resolve implements LoopDevices: the path sysfs shows, or the same file
+// by device and inode (LOOP_GET_STATUS64 against a stat of file).
+func (l *losetup) Resolve(d *LoopDevice, file string) (bool, error) {
+	if d.BackingFile == file {
+		return true, nil
+	}
+	if d.Deleted || !endsWithPath(file, d.BackingFile) {
+		return false, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(file, &st); err != nil {
+		return false, nil // not there: not the file the device is bound to
+	}
+	fd, err := unix.Open(d.Path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if DeviceGone(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("open %s: %w", d.Path, err)
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if errors.Is(err, unix.ENXIO) {
+		return false, nil // unbound meanwhile
+	}
+	if err != nil {
+		return false, fmt.Errorf("LOOP_GET_STATUS64 of %s: %w", d.Path, err)
+	}
+	if info.Device != st.Dev || info.Inode != st.Ino {
+		return false, nil
+	}
+	d.BackingFile = file
+	return true, nil
+}
+
+// BoundUnder implements LoopDevices with the same scan as BoundTo: the
+// devices bound to a file in dir, by the path sysfs shows or, for one
+// shown from a mount that is gone, by Resolve.
 func (l *losetup) BoundUnder(_ context.Context, dir string) ([]LoopDevice, error) {
 	dir = filepath.Clean(dir)
-	return l.scan(func(path string) bool { return filepath.Dir(path) == dir })
+	devs, err := l.scan(func(path string) bool {
+		return filepath.Dir(path) == dir || endsWithPath(filepath.Join(dir, filepath.Base(path)), path)
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := devs[:0]
+	for _, d := range devs {
+		if filepath.Dir(d.BackingFile) != dir {
+			if ok, err := l.Resolve(&d, filepath.Join(dir, filepath.Base(d.BackingFile))); err != nil {
+				return nil, err
+			} else if !ok {
+				continue
+			}
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // scan returns the bound devices whose backing file (without the

@@ -34,6 +34,45 @@ type FakeLoopDevices struct {
 	// Held, when set, is asked by InUse too: a fake host holds a device
 	// while a filesystem on it is mounted.
 	Held func(dev string) bool
+	// Shown are devices whose backing file sysfs shows from a mount that
+	// is gone: the file each is really bound to (ShowFromGoneMount).
+	Shown map[string]string
+}
+
+// ShowFromGoneMount makes dev's backing file show as the kernel shows it
+// once the mount it was bound through is gone (a restarted container's):
+// the path below that mount's root, here just "/" and the file's name.
+func (f *FakeLoopDevices) ShowFromGoneMount(dev string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.Devices[dev]
+	if !ok {
+		return
+	}
+	if f.Shown == nil {
+		f.Shown = map[string]string{}
+	}
+	f.Shown[dev] = d.BackingFile
+	d.BackingFile = "/" + filepath.Base(d.BackingFile)
+}
+
+// Resolve implements LoopDevices: the path, or the file a device shown
+// from a gone mount is really bound to.
+func (f *FakeLoopDevices) Resolve(d *LoopDevice, file string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.resolveLocked(d, file), nil
+}
+
+func (f *FakeLoopDevices) resolveLocked(d *LoopDevice, file string) bool {
+	if d.BackingFile == file {
+		return true
+	}
+	if f.Shown[d.Path] != file || !endsWithPath(file, d.BackingFile) {
+		return false
+	}
+	d.BackingFile = file
+	return true
 }
 
 var _ LoopDevices = (*FakeLoopDevices)(nil)
@@ -140,8 +179,8 @@ func (f *FakeLoopDevices) BoundTo(_ context.Context, file string) ([]LoopDevice,
 	defer f.mu.Unlock()
 	var out []LoopDevice
 	for _, d := range f.Devices {
-		if d.BackingFile == file {
-			out = append(out, *d)
+		if c := *d; f.resolveLocked(&c, file) {
+			out = append(out, c)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
@@ -153,8 +192,12 @@ func (f *FakeLoopDevices) BoundUnder(_ context.Context, dir string) ([]LoopDevic
 	defer f.mu.Unlock()
 	var out []LoopDevice
 	for _, d := range f.Devices {
-		if filepath.Dir(d.BackingFile) == filepath.Clean(dir) {
-			out = append(out, *d)
+		c := *d
+		if real, ok := f.Shown[d.Path]; ok {
+			f.resolveLocked(&c, real) // as the real one resolves it
+		}
+		if filepath.Dir(c.BackingFile) == filepath.Clean(dir) {
+			out = append(out, c)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })

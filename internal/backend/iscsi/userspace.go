@@ -316,7 +316,9 @@ func (u *userspace) Identify(ctx context.Context, iqn, _, dev string) (*connDevi
 	if pid, _ := u.daemon(iqn); pid == 0 {
 		return nil, errdefs.NotFound("%s: no qemu-storage-daemon is logged in to target %s on this node", dev, iqn)
 	}
-	if d.BackingFile != u.lunFile(iqn) || d.Deleted {
+	if ok, err := u.loops.Resolve(d, u.lunFile(iqn)); err != nil {
+		return nil, err
+	} else if !ok || d.Deleted {
 		return nil, errdefs.NotFound("%s is not bound to the export of target %s", dev, iqn)
 	}
 	return &connDevice{Path: dev, ReadOnly: d.ReadOnly}, nil

@@ -252,7 +252,8 @@ func (t *transport) awaitRelease(ctx context.Context, imageID string, d blockdev
 }
 
 // Identify implements backend.Transport: the device's backing file must be
-// the image (an unlinked file of its name makes it stale).
+// the image (an unlinked file of its name makes it stale), also when it was
+// bound by a node plugin container that has since restarted.
 func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*backend.MappedDevice, error) {
 	path := t.store.ImagePath(imageID)
 	d, err := t.loops.Get(ctx, devicePath)
@@ -262,7 +263,9 @@ func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*
 	} else if err != nil {
 		return nil, err
 	}
-	if d.BackingFile != path {
+	if ok, err := t.loops.Resolve(d, path); err != nil {
+		return nil, err
+	} else if !ok {
 		return nil, errdefs.NotFound("%s is bound to %q, not to volume %s", devicePath, d.BackingFile, imageID)
 	}
 	return &backend.MappedDevice{Path: d.Path, ReadOnly: d.ReadOnly, Stale: d.Deleted, NotReusable: d.AutoClear}, nil

@@ -891,3 +891,37 @@ func TestIdentifyKeepsAnErrorOfNoKind(t *testing.T) {
 		t.Fatalf("Identify error = %v (kind %v); want losetup's own error, of no kind", err, errdefs.KindOf(err))
 	}
 }
+
+// TestDeviceFromARestartedContainer: a device bound by a node plugin
+// container that has since restarted shows its image's path below the
+// container's gone mount ("/pvc-….img"); the restarted plugin still
+// identifies it as the volume's, lists it, finds it again at a repeated
+// attach (no second device), and detaches it.
+func TestDeviceFromARestartedContainer(t *testing.T) {
+	e := newFakeEnv(t, loop.Config{})
+	img, pc := e.published(t, "pvc-restarted", backend.SingleNodeWriter, false)
+	req := backend.AttachRequest{ImageID: img.ID, NodeID: "n1", PublishContext: pc}
+	dev := e.attach(t, req)
+	e.fake.ShowFromGoneMount(dev.Path)
+	if file, _, _ := e.backing(t, dev.Path); !strings.HasPrefix(file, "/pvc-") {
+		t.Fatalf("the fake shows %s bound to %q, want the path below a gone mount", dev.Path, file)
+	}
+	got, err := e.inst.Attacher.Identify(t.Context(), img.ID, dev.Path)
+	if err != nil || got.Path != dev.Path {
+		t.Fatalf("Identify(%s) = %+v, %v; want the volume's device", dev.Path, got, err)
+	}
+	devs, err := e.inst.Attacher.Devices(t.Context(), img.ID)
+	if err != nil || len(devs) != 1 || devs[0].Path != dev.Path {
+		t.Errorf("Devices = %+v, %v; want %s", devs, err, dev.Path)
+	}
+	again, err := e.inst.Attacher.Attach(t.Context(), req)
+	if err != nil || again.Path != dev.Path {
+		t.Errorf("a repeated Attach = %+v, %v; want %s again, no second device", again, err, dev.Path)
+	}
+	if err := e.inst.Attacher.Detach(t.Context(), img.ID, dev.Path); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, bound := e.backing(t, dev.Path); bound {
+		t.Errorf("%s is still bound after Detach", dev.Path)
+	}
+}

@@ -1,0 +1,78 @@
+package blockdev
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/testutil"
+)
+
+// A loop device bound by a process whose mount of the file is gone, as a
+// node plugin container leaves its devices when it restarts: sysfs shows
+// the path below that mount's root, and the real losetup still finds the
+// device as the file's, by device and inode (issue 31: a restarted plugin
+// saw every loop volume "bound to \"/pvc-….img\", not to volume …").
+func TestLosetupDeviceBoundThroughAGoneMount(t *testing.T) {
+	testutil.RequireRoot(t, "binds a loop device in a mount namespace of its own")
+	testutil.RequireCommands(t, "losetup", "unshare", "mount")
+	pool := t.TempDir()
+	file := filepath.Join(pool, "pvc-gone-mount.img")
+	other := filepath.Join(pool, "pvc-other.img")
+	for _, f := range []string{file, other} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(f, 8<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The pool bind-mounted at another path in a private mount namespace
+	// that ends with the command: the container's view of a hostPath.
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mkdir -p "$1" && mount --bind "$2" "$1" && losetup --find --show "$1/pvc-gone-mount.img"`, "sh",
+		filepath.Join(t.TempDir(), "container-view"), pool).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot bind a loop device in a mount namespace of its own here: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+
+	l := newLosetup(command.New(nil, nil))
+	d, err := l.Get(t.Context(), dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.BackingFile != "/pvc-gone-mount.img" {
+		t.Skipf("sysfs shows %s bound to %q, not the path below the gone mount's root this test is about", dev, d.BackingFile)
+	}
+	if ok, err := l.Resolve(d, file); err != nil || !ok || d.BackingFile != file {
+		t.Errorf("Resolve(%s, %s) = %t, %v, BackingFile %q; want true, the file", dev, file, ok, err, d.BackingFile)
+	}
+	// Same name elsewhere, or another file of the pool: never by name alone.
+	for _, f := range []string{filepath.Join(t.TempDir(), "pvc-gone-mount.img"), other} {
+		_ = os.WriteFile(f, nil, 0o600)
+		d, _ := l.Get(t.Context(), dev)
+		if ok, err := l.Resolve(d, f); err != nil || ok {
+			t.Errorf("Resolve(%s, %s) = %t, %v; want false", dev, f, ok, err)
+		}
+	}
+	bound, err := l.BoundTo(t.Context(), file)
+	if err != nil || len(bound) != 1 || bound[0].Path != dev || bound[0].BackingFile != file {
+		t.Errorf("BoundTo(%s) = %+v, %v; want %s", file, bound, err, dev)
+	}
+	if bound, err := l.BoundTo(t.Context(), other); err != nil || len(bound) != 0 {
+		t.Errorf("BoundTo(%s) = %+v, %v; want none", other, bound, err)
+	}
+	under, err := l.BoundUnder(t.Context(), pool)
+	found := false
+	for _, u := range under {
+		found = found || u.Path == dev && u.BackingFile == file
+	}
+	if err != nil || !found {
+		t.Errorf("BoundUnder(%s) = %+v, %v; want %s bound to %s among them", pool, under, err, dev, file)
+	}
+}
