@@ -348,8 +348,11 @@ func (u *userspace) detachLoop(ctx context.Context, iqn, lun, dev string) error 
 	deadline := time.Now().Add(releaseWait)
 	for {
 		d, err := u.loops.Get(ctx, dev)
-		if err != nil || d.BackingFile != lun {
+		if err != nil {
 			return nil
+		}
+		if same, err := u.loops.Resolve(d, lun); err != nil || !same {
+			return nil // released, and already bound again to something else
 		}
 		if time.Now().After(deadline) {
 			return errdefs.Precondition("loop device %s of target %s is still held open by a process; it is released when that process closes it", dev, iqn)

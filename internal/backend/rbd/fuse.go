@@ -132,11 +132,16 @@ func (f *fuseMapper) Unmap(ctx context.Context, r ref, dev, _ string) error {
 	deadline := time.Now().Add(time.Second)
 	for {
 		d, err := f.loops.Get(ctx, dev)
-		if errdefs.KindOf(err) == errdefs.ErrNotFound || err == nil && d.BackingFile != f.file(r) {
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
 			break
 		}
 		if err != nil {
 			return err
+		}
+		if same, err := f.loops.Resolve(d, f.file(r)); err != nil {
+			return err
+		} else if !same {
+			break // released, and already bound again to something else
 		}
 		if time.Now().After(deadline) {
 			return errdefs.Precondition("loop device %s of image %s is still held open by a process; it will be released when that process closes it", dev, r.spec())
@@ -242,6 +247,11 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 		return nil, err
 	}
 	id, ok := strings.CutPrefix(filepath.Dir(d.BackingFile), f.dir+"/")
+	if !ok && !d.Deleted {
+		// Bound by a node plugin container that has since restarted: the
+		// path starts at the root of the rbd-fuse mount it saw ("/<image>").
+		id, ok = f.resolveGoneMount(d)
+	}
 	r, perr := parseRef(id, f.c.cfg.ClusterID, "image")
 	if d.Deleted || !ok || perr != nil || d.BackingFile != f.file(r) {
 		return nil, errdefs.NotFound("%s is bound to %q, not to an rbd-fuse file under %s", dev, d.BackingFile, f.dir)
@@ -250,6 +260,27 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 		return nil, errdefs.NotFound("%s is bound to %s, but %s is not an rbd-fuse mount", dev, d.BackingFile, f.mountDir(r))
 	}
 	return &mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly}, nil
+}
+
+// resolveGoneMount finds the rbd-fuse mount under dir whose image file d
+// is bound to, by device and inode (blockdev.LoopDevices.Resolve), for a
+// device whose path sysfs shows from a mount that is gone; it returns the
+// mount's image ID.
+func (f *fuseMapper) resolveGoneMount(d *blockdev.LoopDevice) (string, bool) {
+	entries, err := os.ReadDir(f.dir)
+	if err != nil {
+		return "", false
+	}
+	for _, e := range entries {
+		r, err := parseRef(e.Name(), f.c.cfg.ClusterID, "image")
+		if err != nil || "/"+r.image != d.BackingFile {
+			continue
+		}
+		if ok, err := f.loops.Resolve(d, f.file(r)); err == nil && ok {
+			return e.Name(), true
+		}
+	}
+	return "", false
 }
 
 // Refresh has the loop driver re-read the file's size, which rbd-fuse
