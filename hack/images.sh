@@ -64,7 +64,10 @@ driver() {
   (cd "$REPO" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$OUT/spindle" ./cmd/spindle)
   local args=(-tag "local.test/spindle:$TAG" -o "$OUT/spindle.tar"
     -merged-usr -file "$OUT/spindle:/usr/local/bin/spindle" -entrypoint /usr/local/bin/spindle
-    -dir /var/lib/spindle -dir /run/spindle -dir /etc/spindle)
+    -dir /var/lib/spindle -dir /run/spindle -dir /etc/spindle
+    -symlink /var/run:/run)
+  # /var/run as Debian has it: rbd-nbd and rbd-fuse create /var/run/ceph
+  # for their admin sockets at start and abort without it.
   local p f
   for p in "${PROGRAMS[@]}"; do args+=(-program "$p"); done
   for f in "${FILES[@]}"; do args+=(-file "$f"); done

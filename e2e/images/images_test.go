@@ -114,6 +114,9 @@ func TestDriverImageRuns(t *testing.T) {
 		{[]string{"iscsiadm", "--version"}, "iscsiadm version"},
 		{[]string{"rbd", "--version"}, "ceph version"},
 		{[]string{"rbd-nbd", "--version"}, "ceph version"},
+		// rbd-nbd and rbd-fuse create /var/run/ceph at start (and abort
+		// without /var/run).
+		{[]string{"sh", "-c", "cd /var/run && test -d /run && echo var-run-ok"}, "var-run-ok"},
 		// The RBD backend's omap records (rados listomapkeys, setomapval).
 		{[]string{"rados", "--version"}, "ceph version"},
 		{[]string{"modprobe", "--version"}, "kmod version"},
