@@ -288,8 +288,10 @@ func (b *bindings) shownAs(file string) []string {
 
 // endsWithPath reports whether path ends with the whole components of
 // tail, an absolute path ("/b/c" ends "/a/b/c", "/c" does not end "/a/bc").
+// "/" ends every path: a mount of the file itself (qemu-storage-daemon's
+// FUSE export is mounted over a file) shows as "/" once it is gone.
 func endsWithPath(path, tail string) bool {
-	return strings.HasPrefix(tail, "/") && strings.HasSuffix(path, tail)
+	return tail == "/" || strings.HasPrefix(tail, "/") && strings.HasSuffix(path, tail)
 }
 
 // Resolve implements LoopDevices: the path sysfs shows, or the same file

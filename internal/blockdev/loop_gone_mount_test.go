@@ -67,6 +67,31 @@ func TestLosetupDeviceBoundThroughAGoneMount(t *testing.T) {
 	if bound, err := l.BoundTo(t.Context(), other); err != nil || len(bound) != 0 {
 		t.Errorf("BoundTo(%s) = %+v, %v; want none", other, bound, err)
 	}
+	// A mount of the file itself (a FUSE export over a file) shows as "/".
+	fileMount, exported := filepath.Join(t.TempDir(), "export"), filepath.Join(pool, "pvc-exported.img")
+	for _, f := range []string{fileMount, exported} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Truncate(exported, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$2" "$1" && losetup --find --show "$1"`, "sh", fileMount, exported).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bind a loop device through a mount of the file itself: %v: %s", err, out)
+	}
+	fileDev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", fileDev).Run() })
+	if d, err := l.Get(t.Context(), fileDev); err != nil || d.BackingFile != "/" {
+		t.Errorf("Get(%s) = %+v, %v; want the backing file shown as \"/\"", fileDev, d, err)
+	} else if ok, err := l.Resolve(d, exported); err != nil || !ok || d.BackingFile != exported {
+		t.Errorf("Resolve(%s, %s) = %t, %v; want true", fileDev, exported, ok, err)
+	} else if ok, err := l.Resolve(&LoopDevice{Path: fileDev, BackingFile: "/"}, file); err != nil || ok {
+		t.Errorf("Resolve(%s, %s) = %t, %v; want false (another file)", fileDev, file, ok, err)
+	}
+
 	under, err := l.BoundUnder(t.Context(), pool)
 	found := false
 	for _, u := range under {
