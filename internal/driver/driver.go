@@ -84,11 +84,12 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	if opts.Mode.Node() && opts.AttachDaemonSocket != "" {
 		// The userspace daemons of attached volumes start in the attach
 		// daemon, so they outlive this process (internal/attachd).
-		run = run.WithDaemons(command.New(attachd.NewClient(opts.AttachDaemonSocket), func(o command.Observation) {
+		daemons := attachd.NewClient(opts.AttachDaemonSocket)
+		run = run.WithDaemons(command.New(daemons, func(o command.Observation) {
 			if d != nil {
 				d.metrics.ObserveCommand(o.Name, o.ExitCode, o.Duration)
 			}
-		}))
+		}), daemons)
 	}
 	instances := map[string]*backend.Instance{}
 	for _, b := range file.Backends {
