@@ -196,11 +196,15 @@ func (k conn) ceph(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 func (k conn) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
-	limit := callTimeout
+	return k.cliWithin(ctx, k.limit(), name, args...)
+}
+
+// limit is the bound on one call inside an RPC.
+func (k conn) limit() time.Duration {
 	if k.callLimit > 0 {
-		limit = k.callLimit
+		return k.callLimit
 	}
-	return k.cliWithin(ctx, limit, name, args...)
+	return callTimeout
 }
 
 // rbdBackground runs rbd for background work, under backgroundCallTimeout
@@ -209,11 +213,25 @@ func (k conn) rbdBackground(ctx context.Context, args ...string) ([]byte, error)
 	return k.cliWithin(ctx, backgroundCallTimeout, "rbd", args...)
 }
 
-// cliWithin runs a Ceph CLI for at most limit. A call stopped by that limit
-// is reported as the driver's own deadline, and one stopped by the
-// caller's context (the RPC's deadline, a cancel) as the caller's: neither
-// is the cluster refusing anything.
+// cliWithin runs a Ceph CLI for at most limit (runWithin).
 func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, args ...string) ([]byte, error) {
+	return k.runWithin(ctx, k.run, limit, name, args...)
+}
+
+// daemon runs a program that leaves a daemon serving an attached volume
+// behind (rbd-nbd map), with the connection arguments, under the per-call
+// limit, through the daemons' runner: in the attach daemon when the node
+// plugin has one.
+func (k conn) daemon(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return k.runWithin(ctx, k.run.Daemons(), k.limit(), name, args...)
+}
+
+// runWithin runs a Ceph program through run, with the connection
+// arguments, for at most limit. A call stopped by that limit is reported
+// as the driver's own deadline, and one stopped by the caller's context
+// (the RPC's deadline, a cancel) as the caller's: neither is the cluster
+// refusing anything.
+func (k conn) runWithin(ctx context.Context, run *command.Runner, limit time.Duration, name string, args ...string) ([]byte, error) {
 	ep, err := k.endpointOf(k.id)
 	if err != nil {
 		return nil, err
@@ -225,7 +243,7 @@ func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, a
 	defer cred.cleanup()
 	callCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	out, err := k.run.Run(callCtx, name, append(args, k.connArgs(cred, ep)...)...)
+	out, err := run.Run(callCtx, name, append(args, k.connArgs(cred, ep)...)...)
 	if err != nil && command.ExitCode(err) == -1 && callCtx.Err() != nil {
 		if ctx.Err() != nil {
 			return out, fmt.Errorf("stopped by the request's own deadline or cancellation: %w", err)

@@ -53,13 +53,19 @@ func (f *fuseMapper) Map(ctx context.Context, r ref, readOnly bool, _ string) (s
 		if err := f.mount(ctx, r, dir); err != nil {
 			return "", err
 		}
-	}
-	if _, err := os.Stat(f.file(r)); err != nil {
+	} else if _, err := os.Stat(f.file(r)); err != nil {
 		return "", fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, r.spec(), err)
 	}
 	return f.loops.Attach(ctx, f.file(r), readOnly, true)
 }
 
+// mount runs rbd-fuse, through the daemons' runner (in the attach daemon
+// when the node plugin has one: rbd-fuse serves the mount for as long as
+// it is mapped and must outlive the node plugin). rbd-fuse daemonizes
+// first and connects to the cluster, reading its key file, only when the
+// kernel's first request (FUSE_INIT) reaches it; every later request waits
+// for that one. So the key file stays until a stat of the image's file
+// has been answered.
 func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	ep, err := f.c.endpointOf(r.cluster)
 	if err != nil {
@@ -87,13 +93,16 @@ func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	if r.namespace != "" {
 		args = append(args, "-s", r.namespace)
 	}
-	_, err = f.c.run.Exec(ctx, command.Cmd{
+	_, err = f.c.run.Daemons().Exec(ctx, command.Cmd{
 		Name: "rbd-fuse",
 		Args: append(args, "-r", r.image, dir, "-o", "attr_timeout=0,entry_timeout=0"),
 		Env:  []string{"CEPH_ARGS=" + strings.Join(cephArgs, " ")},
 	})
 	if err != nil {
 		return classify(err)
+	}
+	if _, err := os.Stat(f.file(r)); err != nil {
+		return fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, r.spec(), err)
 	}
 	return nil
 }
@@ -292,10 +301,14 @@ func (f *fuseMapper) Refresh(ctx context.Context, dev string) (int64, error) {
 	return f.loops.Size(dev)
 }
 
-// Available: FUSE, rbd-fuse and loop devices are there.
-func (f *fuseMapper) Available(context.Context) error {
+// Available: FUSE, rbd-fuse (in the attach daemon, when the node plugin
+// has one) and loop devices are there.
+func (f *fuseMapper) Available(ctx context.Context) error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return errdefs.Precondition("this node cannot map RBD images with rbd-fuse: /dev/fuse is missing")
+	}
+	if err := f.c.run.CheckDaemons(ctx, "rbd-fuse"); err != nil {
+		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with rbd-fuse")
 	}
 	return f.loops.Available()
 }

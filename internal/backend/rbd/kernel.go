@@ -38,20 +38,26 @@ func (k *kernelMapper) typeArgs() []string {
 	return nil
 }
 
-// Map runs "rbd device map". A node without the kernel module fails with
-// texts like krbd's "rbd: failed to load rbd kernel module (127)" / "rbd:
-// map failed: (2) No such file or directory", or rbd-nbd's "rbd-nbd:
-// failed to find unused device": a precondition naming the module.
+// Map runs "rbd device map" for krbd and "rbd-nbd map" for rbd-nbd. A
+// node without the kernel module fails with texts like krbd's "rbd: failed
+// to load rbd kernel module (127)" / "rbd: map failed: (2) No such file or
+// directory", or rbd-nbd's "rbd-nbd: failed to find unused device": a
+// precondition naming the module.
 func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options string) (string, error) {
-	args := append([]string{"device", "map"}, k.typeArgs()...)
-	if readOnly {
-		args = append(args, "--read-only")
+	var out []byte
+	var err error
+	if k.nbd {
+		out, err = k.nbdMap(ctx, r, readOnly, options)
+	} else {
+		args := []string{"device", "map"}
+		if readOnly {
+			args = append(args, "--read-only")
+		}
+		if options != "" {
+			args = append(args, "-o", options)
+		}
+		out, err = k.c.on(r.cluster).rbd(ctx, append(args, r.spec())...)
 	}
-	if options != "" {
-		args = append(args, "-o", options)
-	}
-	args = append(args, r.spec())
-	out, err := k.c.on(r.cluster).rbd(ctx, args...)
 	if err != nil {
 		stderr := command.Stderr(err)
 		if strings.Contains(stderr, "kernel module") || strings.Contains(stderr, "modprobe") || strings.Contains(stderr, "failed to find unused device") {
@@ -61,9 +67,27 @@ func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options st
 	}
 	dev := strings.TrimSpace(string(out))
 	if !strings.HasPrefix(dev, "/dev/") {
-		return "", fmt.Errorf("rbd device map printed %q, not a device", dev)
+		return "", fmt.Errorf("%s map printed %q, not a device", k.name(), dev)
 	}
 	return dev, nil
+}
+
+// nbdMap runs rbd-nbd itself, as "rbd device map -t nbd" would (its -o
+// options become --options), in the attach daemon when the node plugin
+// has one: the rbd-nbd process serves the device for as long as it is
+// mapped and must outlive the node plugin. It reads its key before "map"
+// returns.
+func (k *kernelMapper) nbdMap(ctx context.Context, r ref, readOnly bool, options string) ([]byte, error) {
+	args := []string{"map", r.spec()}
+	if readOnly {
+		args = append(args, "--read-only")
+	}
+	if options != "" {
+		for _, o := range strings.Split(options, ",") {
+			args = append(args, "--"+o)
+		}
+	}
+	return k.c.on(r.cluster).daemon(ctx, "rbd-nbd", args...)
 }
 
 func (k *kernelMapper) name() string {
@@ -248,11 +272,15 @@ func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
 }
 
 // Available: the kernel module is loaded, or this node loads it now
-// (kmod.Ensure: the node plugin's liveness asks before the first map).
+// (kmod.Ensure: the node plugin's liveness asks before the first map);
+// for rbd-nbd also the attach daemon that starts it answers and has it.
 func (k *kernelMapper) Available(ctx context.Context) error {
 	present := filepath.Join(k.sysRoot, "bus", "rbd")
 	if k.nbd {
 		present = filepath.Join(k.sysRoot, "module", "nbd")
+		if err := k.c.run.CheckDaemons(ctx, "rbd-nbd"); err != nil {
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s", k.name())
+		}
 	}
 	if err := kmod.Ensure(ctx, k.c.run, present, k.module()); err != nil {
 		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s; use another mounter (rbd-fuse needs none)", k.name())
