@@ -39,7 +39,10 @@ type Driver struct {
 	instances       map[string]*backend.Instance
 	defaultInstance string
 	// node is the node side; nil in controller mode.
-	node    *node.Volumes
+	node *node.Volumes
+	// attachDaemon runs the node's userspace daemons (--attach-daemon-socket);
+	// nil when the node plugin runs them itself.
+	attachDaemon command.DaemonHost
 	locks   *operationLocks
 	log     *zap.Logger
 	metrics *metrics.Metrics
@@ -73,6 +76,7 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	// The command observer records into the driver's metrics; no command
 	// runs before the driver below is built.
 	var d *Driver
+	var daemons *attachd.Client
 	run := command.New(utilexec.New(), func(o command.Observation) {
 		if ce := log.Check(zap.DebugLevel, "command"); ce != nil {
 			ce.Write(zap.String("name", o.Name), zap.Strings("args", o.Args), zap.Duration("duration", o.Duration), zap.Int("exitCode", o.ExitCode))
@@ -84,7 +88,7 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	if opts.Mode.Node() && opts.AttachDaemonSocket != "" {
 		// The userspace daemons of attached volumes start in the attach
 		// daemon, so they outlive this process (internal/attachd).
-		daemons := attachd.NewClient(opts.AttachDaemonSocket)
+		daemons = attachd.NewClient(opts.AttachDaemonSocket)
 		run = run.WithDaemons(command.New(daemons, func(o command.Observation) {
 			if d != nil {
 				d.metrics.ObserveCommand(o.Name, o.ExitCode, o.Duration)
@@ -107,6 +111,9 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		return nil, err
 	}
 	d = built
+	if daemons != nil {
+		d.attachDaemon = daemons
+	}
 	return d, nil
 }
 
