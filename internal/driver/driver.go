@@ -244,6 +244,11 @@ func (d *Driver) Run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
+	if d.opts.Mode.Node() {
+		reconciled := make(chan struct{})
+		go func() { defer close(reconciled); d.reconcileNode(ctx) }()
+		defer func() { <-reconciled }()
+	}
 
 	if d.opts.PluginRegistrationDir != "" {
 		stopRegistration, err := d.serveRegistration(socket)
@@ -270,6 +275,19 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.log.Info("stopped")
 	return nil
+}
+
+// reconcileTimeout bounds the start-up look at the node's volumes.
+const reconcileTimeout = 2 * time.Minute
+
+// reconcileNode looks at the volumes an earlier run of the node plugin
+// staged and logs what it finds (node.Volumes.Reconcile), while the plugin
+// already serves: it only reads, and a node with many volumes (an identity
+// check each) must not wait for it, nor must the volumes' pods.
+func (d *Driver) reconcileNode(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+	defer cancel()
+	d.node.Reconcile(ctx, d.resolveVolume)
 }
 
 // registerNode announces this node to every backend instance.
