@@ -43,9 +43,9 @@ type Driver struct {
 	// attachDaemon runs the node's userspace daemons (--attach-daemon-socket);
 	// nil when the node plugin runs them itself.
 	attachDaemon command.DaemonHost
-	locks   *operationLocks
-	log     *zap.Logger
-	metrics *metrics.Metrics
+	locks        *operationLocks
+	log          *zap.Logger
+	metrics      *metrics.Metrics
 	// codec decodes requests; checkDecoded answers those it could not.
 	codec *lenientCodec
 	// kms are the KMSs of encrypted volumes (--kms-config).
