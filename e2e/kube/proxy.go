@@ -22,7 +22,7 @@ import (
 const (
 	ChartNodePlugins  = "app.kubernetes.io/name=spindle,app.kubernetes.io/component=node"
 	ChartControllers  = "app.kubernetes.io/name=spindle,app.kubernetes.io/component=controller"
-	nodeMetricsPort   = 9808
+	nodeMetricsPort   = 9838
 	controllerMetrics = 9810
 )
 
