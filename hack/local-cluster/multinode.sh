@@ -3,9 +3,12 @@
 # guests (hack/local-cluster/workers.sh: their own Debian kernels, so krbd and
 # the iSCSI kernel initiator run for real), Ceph and tgtd on this machine in
 # the guests' network (hack/vm/services.sh), Spindle installed from
-# charts/spindle with an RBD (krbd) and an iSCSI (kernel initiator, CHAP)
-# backend, then the multi-node tests (e2e/multinode). The workers get no
-# share of the iSCSI pool: like real nodes, they reach the target's portal.
+# charts/spindle with the chart's node defaults and one backend and
+# StorageClass per attach mode (RBD: krbd, encrypted krbd, rbd-nbd,
+# rbd-fuse; iSCSI with CHAP: kernel initiator, userspace; loop), then the
+# multi-node tests (e2e/multinode). The workers get no share of the iSCSI
+# pools: like real nodes, they reach the target's portal; they mount the
+# loop pool (9p), the shared storage the loop backend needs.
 # Always tears it all down; a failed run's logs stay in
 # $CLUSTER_DIR.failed-multinode until the next run. Prints each phase's
 # time, the machine's peak memory in use and "N passed, M failed".
@@ -25,6 +28,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 export CLUSTER_DIR
 SERVICES=$CLUSTER_DIR/services
 ISCSI_POOL=$CLUSTER_DIR/iscsi-pool
+ISCSI_USER_POOL=$CLUSTER_DIR/iscsi-pool-userspace
+# The loop backend's pool: the controller's here, the workers' over 9p at
+# the same path (a shared filesystem, as the loop backend needs).
+LOOP_POOL=$CLUSTER_DIR/loop-pool
 WORKER_NAMES=()
 for ((i = 1; i <= ${WORKERS:-2}; i++)); do WORKER_NAMES+=("spindle-worker-$i"); done
 cd "$REPO" || exit 1
@@ -47,7 +54,9 @@ memory_sampler() {
 
 # install_chart: Spindle from charts/spindle, the controller on this
 # machine's node, the node plugin on the workers; waits for both workers'
-# registrations.
+# registrations. The node plugin runs with the chart's defaults (host
+# network, the host's kernel paths, the attach daemon): one backend per
+# attach mode, a StorageClass spindle-<mode> each.
 install_chart() {
   # shellcheck source=/dev/null
   . "$SERVICES/services.env"
@@ -91,6 +100,24 @@ config:
         keyFile: /etc/spindle/ceph/key
         mounter: krbd
         fencing: true
+    - type: rbd
+      name: ceph-nbd
+      rbd:
+        clusterID: ceph
+        monitors: ["$CEPH_MON"]
+        pool: $CEPH_POOL
+        userID: $CEPH_USER
+        keyFile: /etc/spindle/ceph/key
+        mounter: rbd-nbd
+    - type: rbd
+      name: ceph-fuse
+      rbd:
+        clusterID: ceph
+        monitors: ["$CEPH_MON"]
+        pool: $CEPH_POOL
+        userID: $CEPH_USER
+        keyFile: /etc/spindle/ceph/key
+        mounter: rbd-fuse
     - type: iscsi
       name: tgt
       iscsi:
@@ -102,6 +129,21 @@ config:
         initiatorPrefix: iqn.2026-01.dev.spindle.node
         attachMode: kernel
         stateDir: /run/spindle/iscsi
+    - type: iscsi
+      name: tgt-user
+      iscsi:
+        poolDir: $ISCSI_USER_POOL
+        portals: ["$TGT_PORTAL"]
+        targetTool: tgt
+        tgtControlSocket: $TGT_SOCKET
+        targetPrefix: iqn.2026-01.dev.spindle.user
+        initiatorPrefix: iqn.2026-01.dev.spindle.user-node
+        attachMode: userspace
+        stateDir: /run/spindle/iscsi-user
+    - type: loop
+      name: shared
+      loop:
+        poolDir: $LOOP_POOL
 controller:
   hostNetwork: true
   nodeSelector: {kubernetes.io/hostname: $NODE}
@@ -113,24 +155,11 @@ controller:
   extraVolumeMounts:
     - {name: ceph-key, mountPath: /etc/spindle/ceph, readOnly: true}
     - {name: tgtd, mountPath: $(dirname "$TGT_SOCKET")}
+# The chart's node defaults: no hostNetwork, no host directories here.
+# The node plugin registers itself (no node-driver-registrar image here).
 node:
-  hostNetwork: true
   registration: driver
   nodeSelector: {spindle.csi.dev/worker: "true"}
-  extraVolumes:
-    - name: lib-modules
-      hostPath: {path: /lib/modules, type: Directory}
-    - name: etc-iscsi
-      hostPath: {path: /etc/iscsi, type: Directory}
-    - name: iscsi-lock
-      hostPath: {path: /run/lock/iscsi, type: DirectoryOrCreate}
-    - name: iscsi-state
-      hostPath: {path: /run/spindle/iscsi, type: DirectoryOrCreate}
-  extraVolumeMounts:
-    - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
-    - {name: etc-iscsi, mountPath: /etc/iscsi}
-    - {name: iscsi-lock, mountPath: /run/lock/iscsi}
-    - {name: iscsi-state, mountPath: /run/spindle/iscsi, mountPropagation: Bidirectional}
 sidecars:
   provisioner: {image: {repository: local.test/csi-provisioner, tag: v6.3.0}}
   attacher: {image: {repository: local.test/csi-attacher, tag: v4.13.0}}
@@ -170,6 +199,32 @@ storageClasses:
       csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph-encrypted
       csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
     allowVolumeExpansion: true
+  - name: spindle-rbd-nbd
+    parameters:
+      backend: rbd/ceph-nbd
+      csi.storage.k8s.io/fstype: ext4
+      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph
+      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
+      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph
+      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
+      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph
+      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
+      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph
+      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
+    allowVolumeExpansion: true
+  - name: spindle-rbd-fuse
+    parameters:
+      backend: rbd/ceph-fuse
+      csi.storage.k8s.io/fstype: ext4
+      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph
+      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
+      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph
+      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
+      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph
+      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
+      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph
+      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
+    allowVolumeExpansion: true
   - name: spindle-iscsi
     parameters:
       backend: iscsi/tgt
@@ -178,6 +233,20 @@ storageClasses:
       csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
       csi.storage.k8s.io/node-stage-secret-name: spindle-iscsi-chap
       csi.storage.k8s.io/node-stage-secret-namespace: kube-system
+    allowVolumeExpansion: true
+  - name: spindle-iscsi-userspace
+    parameters:
+      backend: iscsi/tgt-user
+      csi.storage.k8s.io/fstype: ext4
+      csi.storage.k8s.io/controller-publish-secret-name: spindle-iscsi-chap
+      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
+      csi.storage.k8s.io/node-stage-secret-name: spindle-iscsi-chap
+      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
+    allowVolumeExpansion: true
+  - name: spindle-loop
+    parameters:
+      backend: loop/shared
+      csi.storage.k8s.io/fstype: ext4
     allowVolumeExpansion: true
 # iSCSI snapshots need no credentials.
 volumeSnapshotClasses:
@@ -222,15 +291,24 @@ up() {
   # image, the tests' pods and PostgreSQL; this machine's node runs the
   # database's clients.
   ln -f "$images/spindle.tar" "$CLUSTER_DIR/images/spindle.tar"
+  # The same build under another tag: TestHelmUpgradeKeepsIO upgrades to it
+  # (driver.image.tag), the workers' node plugins and this machine's
+  # controller alike, so both get it.
+  TAG=upgrade IMAGES_DIR=$CLUSTER_DIR/images/upgrade "$REPO/hack/images.sh" driver >/dev/null || fail "assembling the upgrade image failed"
+  ln -f "$CLUSTER_DIR/images/upgrade/spindle.tar" "$CLUSTER_DIR/images/spindle-upgrade.tar"
+  ctr -n k8s.io images import "$CLUSTER_DIR/images/spindle-upgrade.tar" >/dev/null
   IMAGES_DIR=$CLUSTER_DIR/images "$REPO/hack/images.sh" postgres >/dev/null || fail "assembling the PostgreSQL image failed"
   ctr -n k8s.io images import "$CLUSTER_DIR/images/postgres.tar" >/dev/null
   phase images $((SECONDS - t))
 
   t=$SECONDS
-  # The workers get no share of the iSCSI pool ($ISCSI_POOL, the
-  # controller's, on this machine): a node has the target's portal, the
-  # publish_context and the CHAP secret, as a real node does.
-  "$HERE/workers.sh" up "${#WORKER_NAMES[@]}" || fail "the workers did not join"
+  # The workers get no share of the iSCSI pools ($ISCSI_POOL and
+  # $ISCSI_USER_POOL, the controller's, on this machine): a node has the
+  # target's portal, the publish_context and the CHAP secret, as a real
+  # node does. The loop pool is shared storage (the loop backend binds its
+  # image files on the nodes), so the workers mount it.
+  mkdir -p "$LOOP_POOL"
+  WORKER_SHARED_DIRS=$LOOP_POOL "$HERE/workers.sh" up "${#WORKER_NAMES[@]}" || fail "the workers did not join"
   phase workers $((SECONDS - t))
 
   t=$SECONDS
@@ -239,7 +317,8 @@ up() {
 }
 
 TEST_ENV=(SPINDLE_E2E_CLUSTER_DIR="$CLUSTER_DIR" SPINDLE_E2E_WORKERS="${WORKER_NAMES[*]}"
-  SPINDLE_E2E_WORKERS_SCRIPT="$HERE/workers.sh")
+  SPINDLE_E2E_WORKERS_SCRIPT="$HERE/workers.sh" SPINDLE_HELM="$("$REPO/hack/helm.sh")"
+  SPINDLE_E2E_CHART="$REPO/charts/spindle" SPINDLE_E2E_HELM_VALUES="$CLUSTER_DIR/multinode-values.yaml")
 
 case ${1:-all} in
 down) down; exit 0 ;;
