@@ -14,10 +14,12 @@ import (
 // left: every stage record below Options.StageRecordsRoot checked against
 // the mount table and the volume's backend (the inventory: the device
 // proven to be the volume's, which for the userspace attach modes means the
-// daemon serving it answers; the staging mount alive on it; the pods'
-// binds). A volume found whole is adopted as it is: its mounts, its device
-// and the daemon serving it stay untouched, and the node plugin's requests
-// find them through the same record and identity checks. One that is not
+// daemon serving it answers; for an encrypted volume its dm-crypt mapping
+// open on that device; the staging mount alive on the mapping or the
+// device; the pods' binds). A volume found whole is adopted as it is: its
+// mounts, its mapping, its device and the daemon serving it stay
+// untouched, and the node plugin's requests find them through the same
+// record and identity checks. One that is not
 // whole is logged with what is wrong and left as it is too: only kubelet
 // knows whether a pod still needs it, and its next NodeStageVolume (which
 // redoes what is missing) or NodeUnstageVolume (which removes what is
@@ -28,6 +30,9 @@ func (v *Volumes) Reconcile(ctx context.Context, resolve func(volumeID string) (
 	for _, s := range staged {
 		fields := []zap.Field{zap.String("volumeID", s.VolumeID), zap.String("device", s.Device),
 			zap.String("stagingPath", s.StagingPath), zap.Strings("publishes", s.Publishes)}
+		if s.Encrypted {
+			fields = append(fields, zap.String("cryptMapping", s.CryptMapping))
+		}
 		if Whole(s) {
 			intact = append(intact, s)
 			v.log.Info("found a staged volume whole; adopted as it is", fields...)
@@ -46,8 +51,10 @@ func (v *Volumes) Reconcile(ctx context.Context, resolve func(volumeID string) (
 }
 
 // Whole reports whether the inventory found a staged volume as its stage
-// left it: its device attached and proven to be the volume's, and for a
-// filesystem volume that device mounted, alive, at the staging path.
+// left it: its device attached and proven to be the volume's, an encrypted
+// volume's dm-crypt mapping open on it (the inventory's Problem says when
+// it is not), and for a filesystem volume the mapping or the device
+// mounted, alive, at the staging path.
 func Whole(s opsapi.StagedVolume) bool {
 	if s.DeviceState != opsapi.DeviceStateAttached || s.Problem != "" {
 		return false
