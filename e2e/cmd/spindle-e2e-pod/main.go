@@ -14,11 +14,14 @@
 //	verify-block DEV BYTES     check the data written by write-block
 //	wait-size DIR BYTES SECS   wait until the filesystem at DIR is at least
 //	                           BYTES large (statfs), then report its size
-//	records FILE SECS          for SECS seconds, every 100 ms, append the next
-//	                           numbered record to FILE and fsync it (a
-//	                           database's commit); log every I/O error and
-//	                           every gap over 1 s between two acknowledged
-//	                           records; report "records N errors E maxgap MSms"
+//	records FILE SECS          for SECS seconds, or until FILE.stop exists,
+//	                           every 100 ms, append the next numbered record
+//	                           to FILE and fsync it (a database's commit); log
+//	                           every I/O error and every gap over 1 s between
+//	                           two acknowledged records; report "records N
+//	                           errors E maxgap MSms"
+//	stop-records FILE          create FILE.stop: a records writer of FILE
+//	                           (in another pod on the volume) stops
 //	verify-records FILE N      check that FILE holds records 1..N, in order
 package main
 
@@ -143,6 +146,14 @@ func run(args []string) (string, error) {
 			return "", err
 		}
 		return writeRecords(args[1], time.Duration(secs)*time.Second)
+	case "stop-records":
+		if err := need(1); err != nil {
+			return "", err
+		}
+		if err := writeSynced(args[1]+stopSuffix, nil, os.O_CREATE|os.O_WRONLY); err != nil {
+			return "", err
+		}
+		return "stopped " + args[1], nil
 	case "verify-records":
 		if err := need(2); err != nil {
 			return "", err
@@ -162,9 +173,13 @@ func record(n int) string { return fmt.Sprintf("record %010d\n", n) }
 
 const recordEvery = 100 * time.Millisecond
 
-// writeRecords appends a record and fsyncs it every recordEvery for d, on
-// one open file, as a database commits. A record counts as acknowledged
-// when its fsync returned; an error is logged and the next record tried.
+// stopSuffix names the file whose existence stops a records writer.
+const stopSuffix = ".stop"
+
+// writeRecords appends a record and fsyncs it every recordEvery for d (or
+// until path+stopSuffix exists), on one open file, as a database commits.
+// A record counts as acknowledged when its fsync returned; an error is
+// logged and the next record tried.
 func writeRecords(path string, d time.Duration) (string, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -179,6 +194,9 @@ func writeRecords(path string, d time.Duration) (string, error) {
 	defer tick.Stop()
 	for time.Since(start) < d {
 		<-tick.C
+		if _, err := os.Stat(path + stopSuffix); err == nil {
+			break
+		}
 		n := acked + 1
 		if _, err := f.WriteString(record(n)); err != nil {
 			errs++
