@@ -1,0 +1,408 @@
+package multinode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/spindle-csi/spindle/e2e/kube"
+)
+
+// attachMode is one way a node attaches a volume, with the StorageClass
+// hack/local-cluster/multinode.sh makes for it and the device the node
+// plugin reports for such a volume.
+type attachMode struct {
+	name      string
+	class     string
+	device    string // the staged device's prefix
+	encrypted bool   // a dm-crypt mapping between the device and the filesystem
+}
+
+var attachModes = []attachMode{
+	{name: "loop", class: "spindle-loop", device: "/dev/loop"},
+	{name: "iscsi-kernel", class: iscsiClass, device: "/dev/sd"},
+	{name: "krbd", class: plainRBD, device: "/dev/rbd"},
+	{name: "krbd-encrypted", class: encryptedRBD, device: "/dev/rbd", encrypted: true},
+	{name: "rbd-nbd", class: "spindle-rbd-nbd", device: "/dev/nbd"},
+	// rbd-fuse and the iSCSI userspace path bind a loop device to the file
+	// their daemon (in the attach daemon's pod) serves.
+	{name: "rbd-fuse", class: "spindle-rbd-fuse", device: "/dev/loop"},
+	{name: "iscsi-userspace", class: "spindle-iscsi-userspace", device: "/dev/loop"},
+}
+
+const (
+	// maxWriterSecs bounds a records writer that the test fails to stop.
+	maxWriterSecs = 900
+	// maxGap is the longest pause between two acknowledged records that a
+	// node plugin restart may cause (issue 31).
+	maxGap = 5 * time.Second
+	// recordsFile is the writer's file on the volume.
+	recordsFile = "/data/records"
+)
+
+// TestNodePluginRestartKeepsIO, per attach mode: a pod on worker a commits
+// a numbered record every 100 ms to its volume while the node plugin pod
+// on that worker is deleted and its DaemonSet starts a new one. The writer
+// logs no I/O error and no gap over 5 s, it is never restarted, the
+// VolumeAttachment stays attached throughout, the new plugin's start-up
+// reconcile adopts the volume whole on the same device, and every
+// acknowledged record reads back afterwards.
+func TestNodePluginRestartKeepsIO(t *testing.T) {
+	c := connect(t)
+	for _, m := range attachModes {
+		t.Run(m.name, func(t *testing.T) {
+			w := c.startRecords(t, m)
+			old := c.nodePlugin(t, c.a)
+			if err := c.Client.CoreV1().Pods(old.Namespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("delete the node plugin pod %s/%s: %v", old.Namespace, old.Name, err)
+			}
+			t.Logf("deleted the node plugin pod %s on %s", old.Name, c.a)
+			w.survived(t, c.newNodePlugin(t, c.a, old.UID))
+		})
+	}
+}
+
+// TestHelmUpgradeKeepsIO, per attach mode: the same writer while `helm
+// upgrade` moves the release to another image tag of the same build
+// (multinode.sh imports local.test/spindle:upgrade beside :dev; each mode
+// switches between the two), which rolls the node plugins on both
+// workers and the controller. The same checks as
+// TestNodePluginRestartKeepsIO; the attach daemon's pods stay (OnDelete).
+// The release gets its first tag back at the end.
+func TestHelmUpgradeKeepsIO(t *testing.T) {
+	c := connect(t)
+	h := helmRelease(t, c)
+	first := c.driverTag(t)
+	t.Cleanup(func() {
+		if c.driverTag(t) != first {
+			h.upgrade(t, first)
+		}
+	})
+	for _, m := range attachModes {
+		t.Run(m.name, func(t *testing.T) {
+			w := c.startRecords(t, m)
+			old := c.nodePlugin(t, c.a)
+			attachd := c.attachDaemonPod(t, c.a)
+			to := "upgrade"
+			if c.driverTag(t) == to {
+				to = "dev"
+			}
+			h.upgrade(t, to)
+			plugin := c.newNodePlugin(t, c.a, old.UID)
+			if got := imageTag(containerImage(plugin, "spindle")); got != to {
+				t.Errorf("the node plugin on %s after the upgrade runs tag %q, want %q", c.a, got, to)
+			}
+			w.survived(t, plugin)
+			if attachd != nil {
+				if now := c.attachDaemonPod(t, c.a); now == nil || now.UID != attachd.UID {
+					t.Errorf("the upgrade replaced the attach daemon's pod on %s (OnDelete: it must stay)", c.a)
+				}
+			}
+		})
+	}
+}
+
+// recordsWriter is a records writer pod on worker a and its volume.
+type recordsWriter struct {
+	c        *cluster
+	mode     attachMode
+	ns       string
+	pv       string
+	volumeID string
+	pod      types.UID
+	device   string // the staged device before the disruption
+	watch    *attachmentWatch
+}
+
+// startRecords provisions a volume of the mode's class, starts the writer
+// on worker a, waits for its first acknowledged record and checks how the
+// node plugin staged it; it watches the VolumeAttachment from then on.
+func (c *cluster) startRecords(t *testing.T, m attachMode) *recordsWriter {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.Client.StorageV1().StorageClasses().Get(ctx, m.class, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		t.Skipf("no StorageClass %s for the %s attach mode on this cluster (hack/local-cluster/multinode.sh makes it)", m.class, m.name)
+	}
+	ns := c.Namespace(t)
+	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: m.class, Size: "256Mi"})
+	c.Pod(t, ns, "writer", "data", kube.PodOptions{Node: c.a, Args: []string{"records", recordsFile, strconv.Itoa(maxWriterSecs)}})
+	pod := c.WaitPod(t, ns, "writer", corev1.PodRunning)
+	c.WaitLogLine(t, ns, "writer", "record 1")
+	w := &recordsWriter{c: c, mode: m, ns: ns, pv: pv.Name, volumeID: pv.Spec.CSI.VolumeHandle, pod: pod.UID}
+	staged, _ := c.stagedOn(t, c.a, w.volumeID)
+	if len(staged) != 1 {
+		t.Fatalf("%s's node plugin shows the volume staged %d times (%+v), want once", c.a, len(staged), staged)
+	}
+	s := staged[0]
+	if !strings.HasPrefix(s.Device, m.device) || s.MountState != "mounted" || s.DeviceState != "attached" || s.Problem != "" {
+		t.Fatalf("%s's node plugin shows staged %+v; want it mounted from a %s* device (%s), attached, no problem", c.a, s, m.device, m.name)
+	}
+	if s.Encrypted != m.encrypted || m.encrypted && !strings.HasPrefix(s.CryptMapping, "/dev/mapper/spindle-") {
+		t.Fatalf("%s's node plugin shows staged %+v; want encrypted %t (a /dev/mapper/spindle-… mapping)", c.a, s, m.encrypted)
+	}
+	w.device = s.Device
+	c.Attachment(t, w.pv, c.a, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	w.watch = c.watchAttachment(w.pv, c.a)
+	t.Cleanup(func() { w.watch.stop() })
+	return w
+}
+
+// survived is the check after the disruption, plugin being the node
+// plugin that now runs on worker a: its start-up reconcile adopted the
+// volume whole, on the device it had; the writer, stopped now, saw no
+// error and no gap over maxGap and was never restarted; the
+// VolumeAttachment never left attached; every acknowledged record reads
+// back in a new pod.
+func (w *recordsWriter) survived(t *testing.T, plugin *corev1.Pod) {
+	t.Helper()
+	c := w.c
+	c.waitAdopted(t, plugin, w.volumeID)
+	staged, _ := c.stagedOn(t, c.a, w.volumeID)
+	if len(staged) != 1 || staged[0].Device != w.device || staged[0].MountState != "mounted" || staged[0].DeviceState != "attached" || staged[0].Problem != "" {
+		t.Errorf("after the disruption %s's node plugin shows staged %+v; want it as before: mounted from %s, attached, no problem", c.a, staged, w.device)
+	}
+	// A few seconds of records after the plugin is back.
+	time.Sleep(3 * time.Second)
+	c.Pod(t, w.ns, "stopper", "data", kube.PodOptions{Node: c.a, Args: []string{"stop-records", recordsFile}})
+	c.WaitPod(t, w.ns, "stopper", corev1.PodSucceeded)
+	writer := c.WaitPod(t, w.ns, "writer", corev1.PodSucceeded)
+	notAttached := w.watch.stop()
+
+	msg := kube.TerminationMessage(writer)
+	var n, errs, gapMS int
+	if _, err := fmt.Sscanf(msg, "records %d errors %d maxgap %dms", &n, &errs, &gapMS); err != nil {
+		t.Fatalf("the writer's report %q: %v", msg, err)
+	}
+	gap := time.Duration(gapMS) * time.Millisecond
+	t.Logf("%s: %d records acknowledged, %d I/O errors, longest gap %v", w.mode.name, n, errs, gap)
+	if errs != 0 || gap > maxGap {
+		t.Errorf("the writer saw %d I/O errors and a longest gap of %v (at most %v allowed); its log:\n%s", errs, gap, maxGap,
+			grepLines(c.PodLog(t, w.ns, "writer"), "ERROR", "gap"))
+	}
+	if writer.UID != w.pod {
+		t.Errorf("the writer pod was replaced (UID %s, was %s)", writer.UID, w.pod)
+	}
+	for _, s := range writer.Status.ContainerStatuses {
+		if s.RestartCount != 0 {
+			t.Errorf("the writer's container %s restarted %d times", s.Name, s.RestartCount)
+		}
+	}
+	if len(notAttached) != 0 {
+		t.Errorf("the VolumeAttachment of %s on %s was not attached at times: %s", w.pv, c.a, strings.Join(notAttached, "; "))
+	}
+
+	c.Pod(t, w.ns, "reader", "data", kube.PodOptions{Node: c.a, Args: []string{"verify-records", recordsFile, strconv.Itoa(n)}})
+	reader := c.WaitPod(t, w.ns, "reader", corev1.PodSucceeded)
+	if got, want := kube.TerminationMessage(reader), fmt.Sprintf("verified %d records", n); got != want {
+		t.Errorf("the reader says %q, want %q", got, want)
+	}
+}
+
+// nodePlugin is the chart's node plugin pod on node.
+func (c *cluster) nodePlugin(t *testing.T, node string) *corev1.Pod {
+	t.Helper()
+	return chartPod(t, c, kube.ChartNodePlugins, node)
+}
+
+// newNodePlugin waits for a node plugin pod on node other than old, not
+// being deleted, with every container ready, and returns it.
+func (c *cluster) newNodePlugin(t *testing.T, node string, old types.UID) *corev1.Pod {
+	t.Helper()
+	var found *corev1.Pod
+	c.WaitFor(t, "a new node plugin pod on "+node+", ready", func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: kube.ChartNodePlugins, FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return false, err
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.UID == old || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+				continue
+			}
+			ready := len(p.Status.ContainerStatuses) > 0
+			for _, s := range p.Status.ContainerStatuses {
+				ready = ready && s.Ready
+			}
+			if ready {
+				found = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return found
+}
+
+// waitAdopted waits for the node plugin's start-up reconcile to log the
+// volume found whole ("found a staged volume whole; adopted as it is").
+func (c *cluster) waitAdopted(t *testing.T, plugin *corev1.Pod, volumeID string) {
+	t.Helper()
+	c.WaitFor(t, "the start-up reconcile of "+plugin.Name+" to adopt "+volumeID, func(ctx context.Context) (bool, error) {
+		data, err := c.Client.CoreV1().Pods(plugin.Namespace).GetLogs(plugin.Name, &corev1.PodLogOptions{Container: "spindle"}).DoRaw(ctx)
+		if err != nil {
+			return false, err
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			var entry struct {
+				Msg      string `json:"msg"`
+				VolumeID string `json:"volumeID"`
+			}
+			if json.Unmarshal([]byte(l), &entry) != nil || entry.VolumeID != volumeID {
+				continue
+			}
+			switch {
+			case entry.Msg == "found a staged volume whole; adopted as it is":
+				return true, nil
+			case strings.HasPrefix(entry.Msg, "found a staged volume that is not whole"):
+				return false, fmt.Errorf("the start-up reconcile found %s not whole: %s", volumeID, l)
+			}
+		}
+		return false, nil
+	})
+}
+
+// attachDaemonPod is the chart's attach daemon pod on node, nil when the
+// release runs none.
+func (c *cluster) attachDaemonPod(t *testing.T, node string) *corev1.Pod {
+	t.Helper()
+	pods, err := c.Client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=spindle,app.kubernetes.io/component=attachd", FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatalf("list the attach daemon's pods: %v", err)
+	}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.DeletionTimestamp == nil {
+			return p
+		}
+	}
+	return nil
+}
+
+// driverTag is the image tag the node plugin on worker a runs.
+func (c *cluster) driverTag(t *testing.T) string {
+	t.Helper()
+	return imageTag(containerImage(c.nodePlugin(t, c.a), "spindle"))
+}
+
+func containerImage(pod *corev1.Pod, name string) string {
+	for _, ct := range pod.Spec.Containers {
+		if ct.Name == name {
+			return ct.Image
+		}
+	}
+	return ""
+}
+
+// imageTag is the tag of an image reference ("" without one).
+func imageTag(image string) string {
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") {
+		return ""
+	}
+	return image[i+1:]
+}
+
+// attachmentWatch polls one VolumeAttachment in the background and keeps
+// every moment it was not there and attached.
+type attachmentWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	seen   []string
+}
+
+func (c *cluster) watchAttachment(pv, node string) *attachmentWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &attachmentWatch{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		last := ""
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			vas, err := c.AttachmentsOf(ctx, pv)
+			if err != nil {
+				continue // the API server did not answer: nothing seen
+			}
+			state := "missing"
+			for _, a := range vas {
+				if a.Spec.NodeName == node {
+					state = fmt.Sprintf("attached=%v", a.Status.Attached)
+					if a.Status.DetachError != nil {
+						state += " detachError=" + a.Status.DetachError.Message
+					}
+				}
+			}
+			if state != "attached=true" && state != last {
+				w.mu.Lock()
+				w.seen = append(w.seen, time.Now().UTC().Format(time.RFC3339)+" "+state)
+				w.mu.Unlock()
+			}
+			last = state
+		}
+	}()
+	return w
+}
+
+// stop ends the watch and returns what it saw other than attached; it may
+// be called more than once.
+func (w *attachmentWatch) stop() []string {
+	w.cancel()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen
+}
+
+// release is the chart's release as multinode.sh installed it: helm, the
+// chart and the values file it generated (SPINDLE_HELM, SPINDLE_E2E_CHART,
+// SPINDLE_E2E_HELM_VALUES).
+type release struct {
+	helm, chart, values, kubeconfig string
+}
+
+func helmRelease(t *testing.T, c *cluster) release {
+	t.Helper()
+	r := release{helm: os.Getenv("SPINDLE_HELM"), chart: os.Getenv("SPINDLE_E2E_CHART"), values: os.Getenv("SPINDLE_E2E_HELM_VALUES"),
+		kubeconfig: filepath.Join(c.Dir, "admin.kubeconfig")}
+	if r.helm == "" || r.chart == "" || r.values == "" {
+		t.Skip("SPINDLE_HELM, SPINDLE_E2E_CHART and SPINDLE_E2E_HELM_VALUES name helm, the chart and the release's values (make e2e-multinode sets them)")
+	}
+	return r
+}
+
+// upgrade runs `helm upgrade` of release spindle in kube-system with the
+// release's values and driver.image.tag=tag, and waits for it (--wait:
+// the node DaemonSet rolled on both workers, the controller ready).
+func (r release) upgrade(t *testing.T, tag string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, r.helm, "upgrade", "spindle", r.chart, "--namespace", "kube-system", "--kubeconfig", r.kubeconfig,
+		"-f", r.values, "--set", "driver.image.tag="+tag, "--wait", "--timeout", "10m")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm upgrade to tag %s: %v\n%s", tag, err, out)
+	}
+	t.Logf("helm upgrade to tag %s took %v", tag, time.Since(start).Round(time.Second))
+}
