@@ -257,7 +257,7 @@ YAML
     --wait --timeout 5m >/dev/null || return 1
   local w
   for w in "${WORKER_NAMES[@]}"; do
-    for _ in $(seq 1 240); do registered_on "$w" && return 0; sleep 0.5; done
+    for _ in $(seq 1 240); do registered_on "$w" && continue 2; sleep 0.5; done
     echo "multinode: the node plugin did not register on $w" >&2
     return 1
   done
@@ -349,7 +349,7 @@ up
 
 t=$SECONDS
 out=$(mktemp)
-env "${TEST_ENV[@]}" go test -count=1 -v -timeout 90m ${TESTS:+-run "$TESTS"} ./e2e/multinode/ 2>&1 | tee "$out"
+env "${TEST_ENV[@]}" go test -count=1 -v -timeout 150m ${TESTS:+-run "$TESTS"} ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
 read -r peak qpeak <"$memory"
 echo "multinode: peak memory in use on this machine: $peak MiB, of which the workers' qemu: $qpeak MiB"
