@@ -3,9 +3,9 @@
 # guests (hack/local-cluster/workers.sh: their own Debian kernels, so krbd and
 # the iSCSI kernel initiator run for real), Ceph and tgtd on this machine in
 # the guests' network (hack/vm/services.sh), Spindle installed from
-# charts/spindle with the chart's node defaults and one backend and
-# StorageClass per attach mode (RBD: krbd, encrypted krbd, rbd-nbd,
-# rbd-fuse; iSCSI with CHAP: kernel initiator, userspace; loop), then the
+# charts/spindle with the chart's node defaults and a StorageClass per
+# attach mode (RBD: krbd, encrypted krbd, rbd-nbd, rbd-fuse; iSCSI with
+# CHAP: kernel initiator, userspace; loop), then the
 # multi-node tests (e2e/multinode). The workers get no share of the iSCSI
 # pools: like real nodes, they reach the target's portal; they mount the
 # loop pool (9p), the shared storage the loop backend needs.
@@ -52,11 +52,28 @@ memory_sampler() {
   done
 }
 
+# rbd_class NAME SECRET [PARAMETER...]: the values of a StorageClass NAME
+# on backend rbd/ceph, ext4, its CSI secrets SECRET's, with more
+# parameters ("key: value": a mounter other than the backend's krbd, as
+# ceph-csi's classes name one, or encryption).
+rbd_class() {
+  local name=$1 secret=$2 p op
+  shift 2
+  printf '  - name: %s\n    parameters:\n      backend: rbd/ceph\n      csi.storage.k8s.io/fstype: ext4\n' "$name"
+  for p in "$@"; do printf '      %s\n' "$p"; done
+  for op in provisioner controller-publish node-stage controller-expand; do
+    printf '      csi.storage.k8s.io/%s-secret-name: %s\n' "$op" "$secret"
+    printf '      csi.storage.k8s.io/%s-secret-namespace: kube-system\n' "$op"
+  done
+  printf '    allowVolumeExpansion: true\n'
+}
+
 # install_chart: Spindle from charts/spindle, the controller on this
 # machine's node, the node plugin on the workers; waits for both workers'
 # registrations. The node plugin runs with the chart's defaults (host
-# network, the host's kernel paths, the attach daemon): one backend per
-# attach mode, a StorageClass spindle-<mode> each.
+# network, the host's kernel paths, the attach daemon); a StorageClass per
+# attach mode (rbd-nbd and rbd-fuse are classes of the krbd backend with
+# ceph-csi's mounter parameter).
 install_chart() {
   # shellcheck source=/dev/null
   . "$SERVICES/services.env"
@@ -100,24 +117,6 @@ config:
         keyFile: /etc/spindle/ceph/key
         mounter: krbd
         fencing: true
-    - type: rbd
-      name: ceph-nbd
-      rbd:
-        clusterID: ceph
-        monitors: ["$CEPH_MON"]
-        pool: $CEPH_POOL
-        userID: $CEPH_USER
-        keyFile: /etc/spindle/ceph/key
-        mounter: rbd-nbd
-    - type: rbd
-      name: ceph-fuse
-      rbd:
-        clusterID: ceph
-        monitors: ["$CEPH_MON"]
-        pool: $CEPH_POOL
-        userID: $CEPH_USER
-        keyFile: /etc/spindle/ceph/key
-        mounter: rbd-fuse
     - type: iscsi
       name: tgt
       iscsi:
@@ -172,59 +171,10 @@ snapshotController:
   hostNetwork: true
   image: {repository: local.test/snapshot-controller, tag: v8.7.0}
 storageClasses:
-  - name: spindle-rbd
-    parameters:
-      backend: rbd/ceph
-      csi.storage.k8s.io/fstype: ext4
-      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph
-      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
-      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph
-      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
-    allowVolumeExpansion: true
-  - name: spindle-rbd-encrypted
-    parameters:
-      backend: rbd/ceph
-      csi.storage.k8s.io/fstype: ext4
-      encrypted: "true"
-      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
-      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
-    allowVolumeExpansion: true
-  - name: spindle-rbd-nbd
-    parameters:
-      backend: rbd/ceph-nbd
-      csi.storage.k8s.io/fstype: ext4
-      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph
-      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
-      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph
-      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
-    allowVolumeExpansion: true
-  - name: spindle-rbd-fuse
-    parameters:
-      backend: rbd/ceph-fuse
-      csi.storage.k8s.io/fstype: ext4
-      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph
-      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
-      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph
-      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
-    allowVolumeExpansion: true
+$(rbd_class spindle-rbd spindle-ceph)
+$(rbd_class spindle-rbd-encrypted spindle-ceph-encrypted 'encrypted: "true"')
+$(rbd_class spindle-rbd-nbd spindle-ceph 'mounter: rbd-nbd')
+$(rbd_class spindle-rbd-fuse spindle-ceph 'mounter: rbd-fuse')
   - name: spindle-iscsi
     parameters:
       backend: iscsi/tgt
