@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -383,7 +382,7 @@ type release struct {
 func helmRelease(t *testing.T, c *cluster) release {
 	t.Helper()
 	r := release{helm: os.Getenv("SPINDLE_HELM"), chart: os.Getenv("SPINDLE_E2E_CHART"), values: os.Getenv("SPINDLE_E2E_HELM_VALUES"),
-		kubeconfig: filepath.Join(c.Dir, "admin.kubeconfig")}
+		kubeconfig: c.Kubeconfig}
 	if r.helm == "" || r.chart == "" || r.values == "" {
 		t.Skip("SPINDLE_HELM, SPINDLE_E2E_CHART and SPINDLE_E2E_HELM_VALUES name helm, the chart and the release's values (make e2e-multinode sets them)")
 	}
