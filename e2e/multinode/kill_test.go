@@ -1,7 +1,6 @@
 package multinode
 
 import (
-	"context"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/spindle-csi/spindle/e2e/kube"
@@ -108,27 +106,7 @@ func containerRestarts(pod *corev1.Pod, container string) int32 {
 // container ready, and returns it.
 func (c *cluster) restartedNodePlugin(t *testing.T, node string, uid types.UID, restarts int32) *corev1.Pod {
 	t.Helper()
-	var found *corev1.Pod
-	c.WaitFor(t, "the node plugin on "+node+" restarted and ready", func(ctx context.Context) (bool, error) {
-		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: kube.ChartNodePlugins, FieldSelector: "spec.nodeName=" + node})
-		if err != nil {
-			return false, err
-		}
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			if p.UID != uid {
-				continue
-			}
-			ready := containerRestarts(p, "spindle") > restarts
-			for _, s := range p.Status.ContainerStatuses {
-				ready = ready && s.Ready
-			}
-			if ready {
-				found = p
-				return true, nil
-			}
-		}
-		return false, nil
+	return c.waitNodePlugin(t, "the node plugin on "+node+" restarted and ready", node, func(p *corev1.Pod) bool {
+		return p.UID == uid && containerRestarts(p, "spindle") > restarts
 	})
-	return found
 }

@@ -221,15 +221,22 @@ func (c *cluster) nodePlugin(t *testing.T, node string) *corev1.Pod {
 // being deleted, with every container ready, and returns it.
 func (c *cluster) newNodePlugin(t *testing.T, node string, old types.UID) *corev1.Pod {
 	t.Helper()
+	return c.waitNodePlugin(t, "a new node plugin pod on "+node+", ready", node, func(p *corev1.Pod) bool { return p.UID != old })
+}
+
+// waitNodePlugin waits for a running node plugin pod on node, not being
+// deleted, that accept takes and whose containers are all ready.
+func (c *cluster) waitNodePlugin(t *testing.T, what, node string, accept func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
 	var found *corev1.Pod
-	c.WaitFor(t, "a new node plugin pod on "+node+", ready", func(ctx context.Context) (bool, error) {
+	c.WaitFor(t, what, func(ctx context.Context) (bool, error) {
 		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: kube.ChartNodePlugins, FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
 			return false, err
 		}
 		for i := range pods.Items {
 			p := &pods.Items[i]
-			if p.UID == old || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			if !accept(p) || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
 				continue
 			}
 			ready := len(p.Status.ContainerStatuses) > 0
