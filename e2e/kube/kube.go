@@ -293,11 +293,15 @@ type PodOptions struct {
 	Node  string // defaults to the cluster's node
 	Args  []string
 	Block bool // the claim is attached as a device at /dev/xvda
+	// HostPID: the pod sees and may signal the node's processes
+	// (privileged, in the host's PID namespace).
+	HostPID bool
 }
 
-// Pod starts a pod that mounts claim at /data (or gets it at /dev/xvda) and
-// runs the e2e image with args; hostNetwork, since the local cluster's own
-// node has no pod network that reaches beyond it (its worker guests do).
+// Pod starts a pod that mounts claim at /data (or gets it at /dev/xvda; no
+// volume when claim is "") and runs the e2e image with args; hostNetwork,
+// since the local cluster's own node has no pod network that reaches
+// beyond it (its worker guests do).
 func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev1.Pod {
 	t.Helper()
 	if o.Node == "" {
@@ -307,10 +311,22 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 		Name: "e2e", Image: c.PodImage, ImagePullPolicy: corev1.PullIfNotPresent, Args: o.Args,
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	}
-	if o.Block {
+	var volumes []corev1.Volume
+	switch {
+	case claim == "":
+	case o.Block:
 		container.VolumeDevices = []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}}
-	} else {
+	default:
 		container.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	}
+	if claim != "" {
+		volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+		}}}
+	}
+	if o.HostPID {
+		privileged := true
+		container.SecurityContext = &corev1.SecurityContext{Privileged: &privileged}
 	}
 	grace := int64(1)
 	noToken := false
@@ -322,10 +338,9 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: &grace,
 			AutomountServiceAccountToken:  &noToken,
+			HostPID:                       o.HostPID,
 			Containers:                    []corev1.Container{container},
-			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
-			}}},
+			Volumes:                       volumes,
 		},
 	}
 	created, err := c.Client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})

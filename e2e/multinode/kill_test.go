@@ -1,11 +1,8 @@
 package multinode
 
 import (
-	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -13,66 +10,35 @@ import (
 	"github.com/spindle-csi/spindle/e2e/kube"
 )
 
-// killDuringMkfs is the shell the test runs on a worker (workers.sh exec):
-// it waits for an mkfs.ext4 to start and then kills the node plugin's main
-// process (the spindle process running --mode=node, not the attach
-// daemon's) with SIGKILL, so that the kill lands inside NodeStageVolume,
-// between the attach and the mount. It prints what it killed, or exits 1
-// when no mkfs.ext4 ran within its time.
-const killDuringMkfs = `for i in $(seq 1 3000); do
-  if m=$(pgrep -x mkfs.ext4); then
-    for p in $(pgrep -x spindle); do
-      if tr '\0' ' ' </proc/$p/cmdline | grep -q -- ' --mode=node '; then
-        kill -KILL $p && echo "killed $p during mkfs.ext4 $m: $(tr '\0' ' ' </proc/$m/cmdline 2>/dev/null)"
-        exit 0
-      fi
-    done
-  fi
-  sleep 0.05
-done
-echo "no mkfs.ext4 ran in 150 s"
-exit 1`
+// nodePluginPattern is in the node plugin's command line (its main
+// process: spindle --mode=node ...), not in the attach daemon's.
+const nodePluginPattern = " --mode=node "
 
 // TestKillDuringStageConverges, per attach mode: a records writer runs on
 // worker a while the node plugin's main process there is killed with
 // SIGKILL in the middle of NodeStageVolume of another volume of the same
-// mode (while its mkfs runs). The killed container restarts in the same
-// pod; kubelet's retry of that stage converges: the second pod runs, its
-// volume is staged once, whole, on one device, and takes a file. The
-// writer is untouched: the same checks as TestNodePluginRestartKeepsIO.
+// mode (while its mkfs runs; a pod with the node's PIDs watches for it).
+// The killed container restarts in the same pod; kubelet's retry of that
+// stage converges: the second pod runs, its volume is staged once, whole,
+// on one device, and takes a file. The writer is untouched: the same
+// checks as TestNodePluginRestartKeepsIO.
 func TestKillDuringStageConverges(t *testing.T) {
 	c := connect(t)
-	script := workersScript(t)
 	for _, m := range attachModes {
 		t.Run(m.name, func(t *testing.T) {
 			w := c.startRecords(t, m)
 			plugin := c.nodePlugin(t, c.a)
 			restarts := containerRestarts(plugin, "spindle")
 
-			killed := make(chan string, 1)
-			go func() {
-				out, err := exec.Command(script, "exec", c.a, killDuringMkfs).CombinedOutput()
-				if err != nil {
-					killed <- fmt.Sprintf("FAILED: %v: %s", err, out)
-					return
-				}
-				killed <- strings.TrimSpace(string(out))
-			}()
-			// The guest picks the script up within a second (worker-guest.sh
-			// polls its exec directory); the stage starts seconds later.
-			time.Sleep(3 * time.Second)
+			// A pod with the node's PIDs waits for the second volume's
+			// mkfs.ext4 and then kills the node plugin's main process.
+			c.Pod(t, w.ns, "killer", "", kube.PodOptions{Node: c.a, HostPID: true,
+				Args: []string{"kill-during", "mkfs.ext4", nodePluginPattern, "300"}})
+			c.WaitPod(t, w.ns, "killer", corev1.PodRunning)
 			_, pv := c.Claim(t, w.ns, "second", kube.ClaimOptions{StorageClass: m.class, Size: "256Mi"})
 			c.Pod(t, w.ns, "second", "second", kube.PodOptions{Node: c.a, Args: []string{"write", "/data/file", "1048576"}})
-			var what string
-			select {
-			case what = <-killed:
-			case <-time.After(6 * time.Minute):
-				t.Fatalf("the kill on %s did not report in 6 minutes", c.a)
-			}
-			if !strings.HasPrefix(what, "killed ") {
-				t.Fatalf("the node plugin on %s was not killed mid-stage: %s", c.a, what)
-			}
-			t.Logf("%s: %s", c.a, what)
+			killer := c.WaitPod(t, w.ns, "killer", corev1.PodSucceeded)
+			t.Logf("%s: %s", c.a, kube.TerminationMessage(killer))
 
 			restarted := c.restartedNodePlugin(t, c.a, plugin.UID, restarts)
 			c.WaitPod(t, w.ns, "second", corev1.PodRunning)

@@ -23,6 +23,11 @@
 //	stop-records FILE          create FILE.stop: a records writer of FILE
 //	                           (in another pod on the volume) stops
 //	verify-records FILE N      check that FILE holds records 1..N, in order
+//	kill-during COMM PATTERN SECS
+//	                           once a process named COMM runs, SIGKILL every
+//	                           process whose command line contains PATTERN
+//	                           (a pod with the host's PIDs: a node plugin
+//	                           killed mid-stage); report what it killed
 package main
 
 import (
@@ -154,6 +159,15 @@ func run(args []string) (string, error) {
 			return "", err
 		}
 		return "stopped " + args[1], nil
+	case "kill-during":
+		if err := need(3); err != nil {
+			return "", err
+		}
+		secs, err := strconv.Atoi(args[3])
+		if err != nil {
+			return "", err
+		}
+		return killDuring("/proc", args[1], args[2], time.Duration(secs)*time.Second)
 	case "verify-records":
 		if err := need(2); err != nil {
 			return "", err
