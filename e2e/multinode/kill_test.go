@@ -52,7 +52,8 @@ func TestKillDuringStageConverges(t *testing.T) {
 				t.Errorf("after the retried stage %s's node plugin shows %s staged %+v; want once, mounted from a %s* device, attached, no problem",
 					c.a, second, staged, m.device)
 			}
-			if len(devices) != 1 {
+			// The node's inventory lists the devices of loop volumes only.
+			if len(devices) > 1 || m.name == "loop" && len(devices) != 1 {
 				t.Errorf("after the retried stage %s holds %d devices of %s (%+v), want 1: the killed stage's attach was not reused", c.a, len(devices), second, devices)
 			}
 			w.survived(t, restarted)
