@@ -3,6 +3,7 @@ package multinode
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -44,8 +45,10 @@ var attachModes = []attachMode{
 }
 
 const (
-	// maxWriterSecs bounds a records writer that the test fails to stop.
-	maxWriterSecs = 900
+	// maxWriterSecs bounds a records writer that the test fails to stop
+	// (every mode's writer starts before the disruption, so the first
+	// one waits for the slowest to stage).
+	maxWriterSecs = 1800
 	// maxGap is the longest pause between two acknowledged records that a
 	// node plugin restart may cause (issue 31).
 	maxGap = 5 * time.Second
@@ -53,33 +56,31 @@ const (
 	recordsFile = "/data/records"
 )
 
-// TestNodePluginRestartKeepsIO, per attach mode: a pod on worker a commits
-// a numbered record every 100 ms to its volume while the node plugin pod
-// on that worker is deleted and its DaemonSet starts a new one. The writer
-// logs no I/O error and no gap over 5 s, it is never restarted, the
-// VolumeAttachment stays attached throughout, the new plugin's start-up
-// reconcile adopts the volume whole on the same device, and every
-// acknowledged record reads back afterwards.
+// TestNodePluginRestartKeepsIO: a records writer of every attach mode runs
+// on worker a at once, as a node's volumes would (each a pod committing a
+// numbered record every 100 ms to its volume), while the node plugin pod
+// on that worker is deleted and its DaemonSet starts a new one. Per mode
+// (TestNodePluginRestartKeepsIO/<mode>): the writer logs no I/O error and
+// no gap over 5 s, it is never restarted, the VolumeAttachment stays
+// attached throughout, the new plugin's start-up reconcile adopts the
+// volume whole on the same device, and every acknowledged record reads
+// back afterwards.
 func TestNodePluginRestartKeepsIO(t *testing.T) {
 	c := connect(t)
-	for _, m := range attachModes {
-		t.Run(m.name, func(t *testing.T) {
-			w := c.startRecords(t, m)
-			old := c.nodePlugin(t, c.a)
-			if err := c.Client.CoreV1().Pods(old.Namespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatalf("delete the node plugin pod %s/%s: %v", old.Namespace, old.Name, err)
-			}
-			t.Logf("deleted the node plugin pod %s on %s", old.Name, c.a)
-			w.survived(t, c.newNodePlugin(t, c.a, old.UID))
-		})
-	}
+	c.everyModeThrough(t, func(t *testing.T) *corev1.Pod {
+		old := c.nodePlugin(t, c.a)
+		if err := c.Client.CoreV1().Pods(old.Namespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("delete the node plugin pod %s/%s: %v", old.Namespace, old.Name, err)
+		}
+		t.Logf("deleted the node plugin pod %s on %s", old.Name, c.a)
+		return c.newNodePlugin(t, c.a, old.UID)
+	})
 }
 
-// TestHelmUpgradeKeepsIO, per attach mode: the same writer while `helm
-// upgrade` moves the release to another image tag of the same build
-// (multinode.sh imports local.test/spindle:upgrade beside :dev; each mode
-// switches between the two), which rolls the node plugins on both
-// workers and the controller. The same checks as
+// TestHelmUpgradeKeepsIO: the same writers while `helm upgrade` moves the
+// release to another image tag of the same build (multinode.sh imports
+// local.test/spindle:upgrade beside :dev), which rolls the node plugins on
+// both workers and the controller. The same checks per mode as
 // TestNodePluginRestartKeepsIO; the attach daemon's pods stay (OnDelete).
 // The release gets its first tag back at the end.
 func TestHelmUpgradeKeepsIO(t *testing.T) {
@@ -91,26 +92,65 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 			h.upgrade(t, first)
 		}
 	})
+	c.everyModeThrough(t, func(t *testing.T) *corev1.Pod {
+		old := c.nodePlugin(t, c.a)
+		attachd := c.attachDaemonPod(t, c.a)
+		to := "upgrade"
+		if first == to {
+			to = "dev"
+		}
+		h.upgrade(t, to)
+		plugin := c.newNodePlugin(t, c.a, old.UID)
+		if got := imageTag(containerImage(plugin, "spindle")); got != to {
+			t.Errorf("the node plugin on %s after the upgrade runs tag %q, want %q", c.a, got, to)
+		}
+		if attachd != nil {
+			if now := c.attachDaemonPod(t, c.a); now == nil || now.UID != attachd.UID {
+				t.Errorf("the upgrade replaced the attach daemon's pod on %s (OnDelete: it must stay)", c.a)
+			}
+		}
+		return plugin
+	})
+}
+
+// everyModeThrough starts a records writer of every attach mode on worker
+// a, each in a parallel subtest named by its mode. Once all of them write
+// (or their mode could not start), the subtest "disruption" runs disrupt
+// once; it returns the node plugin pod that runs on worker a afterwards.
+// Then each mode's subtest checks that its writer survived.
+func (c *cluster) everyModeThrough(t *testing.T, disrupt func(t *testing.T) *corev1.Pod) {
+	t.Helper()
+	// Every writer and the disruption run at once: with fewer parallel
+	// slots the disruption would wait for writers that cannot start.
+	need := len(attachModes) + 1
+	if f := flag.Lookup("test.parallel"); f != nil {
+		if n, err := strconv.Atoi(f.Value.String()); err != nil || n < need {
+			t.Fatalf("go test -parallel %s: this test runs %d subtests at once; run it with -parallel %d or more (multinode.sh does)", f.Value, need, need)
+		}
+	}
+	var writing sync.WaitGroup
+	writing.Add(len(attachModes))
+	disrupted := make(chan struct{})
+	var plugin *corev1.Pod // set before disrupted is closed
+	t.Run("disruption", func(t *testing.T) {
+		t.Parallel()
+		defer close(disrupted)
+		writing.Wait()
+		plugin = disrupt(t)
+	})
 	for _, m := range attachModes {
 		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			var once sync.Once
+			started := func() { once.Do(writing.Done) }
+			defer started() // a mode that skips or fails to start
 			w := c.startRecords(t, m)
-			old := c.nodePlugin(t, c.a)
-			attachd := c.attachDaemonPod(t, c.a)
-			to := "upgrade"
-			if c.driverTag(t) == to {
-				to = "dev"
-			}
-			h.upgrade(t, to)
-			plugin := c.newNodePlugin(t, c.a, old.UID)
-			if got := imageTag(containerImage(plugin, "spindle")); got != to {
-				t.Errorf("the node plugin on %s after the upgrade runs tag %q, want %q", c.a, got, to)
+			started()
+			<-disrupted
+			if plugin == nil {
+				t.Fatal("the disruption failed (its subtest says why): nothing to check")
 			}
 			w.survived(t, plugin)
-			if attachd != nil {
-				if now := c.attachDaemonPod(t, c.a); now == nil || now.UID != attachd.UID {
-					t.Errorf("the upgrade replaced the attach daemon's pod on %s (OnDelete: it must stay)", c.a)
-				}
-			}
 		})
 	}
 }
