@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -233,7 +234,17 @@ type nbdDevice struct {
 	Device    string `json:"device"`
 }
 
+// nbdListKey names this mapper's device list in a listing memo.
+type nbdListKey struct{ m *kernelMapper }
+
+// nbdList lists the rbd-nbd devices; once per inventory (a listing memo on
+// ctx: the list starts a Ceph client, seconds on a slow node, and every
+// staged volume's check asks for it). Callers must not change the slice.
 func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
+	return backend.Memoized(ctx, nbdListKey{k}, func() ([]mapped, error) { return k.listNBD(ctx) })
+}
+
+func (k *kernelMapper) listNBD(ctx context.Context) ([]mapped, error) {
 	if _, err := os.Stat(filepath.Join(k.sysRoot, "module", "nbd")); os.IsNotExist(err) {
 		return nil, nil // no nbd module: nothing mapped
 	}

@@ -220,6 +220,31 @@ func TestNBDListAndUnmap(t *testing.T) {
 	}
 }
 
+// The node's inventory checks every staged volume; under its listing memo
+// the rbd-nbd devices are listed once for all of them (each list starts a
+// Ceph client: 6-12 s on the emulated workers of make e2e-multinode, where
+// a list per volume ran the inventory out of time).
+func TestNBDListedOncePerInventory(t *testing.T) {
+	list := `[{"id":437,"pool":"kube","namespace":"","image":"` + testImage + `","snap":"","device":"/dev/nbd7","cookie":""}]`
+	script := commandtest.New(t,
+		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
+	)
+	inst, sys := kernelInstance(t, MounterNBD, script)
+	if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := backend.WithListingMemo(context.Background())
+	id := "kube/" + testImage
+	for i := 0; i < 3; i++ {
+		if m, err := inst.Attacher.Identify(ctx, id, "/dev/nbd7"); err != nil || m == nil {
+			t.Fatalf("Identify #%d = %+v, %v; want /dev/nbd7 mapped", i+1, m, err)
+		}
+	}
+	if devs, err := inst.Attacher.Devices(ctx, id); err != nil || len(devs) != 1 || devs[0].Path != "/dev/nbd7" {
+		t.Fatalf("Devices = %+v, %v; want /dev/nbd7", devs, err)
+	}
+}
+
 // The cephx key of the request reaches the CLI only through --keyfile: a
 // 0600 file in a 0700 directory that is gone after the call, never argv.
 func TestKeyFileNeverOnCommandLine(t *testing.T) {
