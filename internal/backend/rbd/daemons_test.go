@@ -105,6 +105,24 @@ func TestFuseMountRunsInTheAttachDaemon(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(daemon.dir, keyDirPrefix+"*")); len(left) != 0 {
 		t.Errorf("key directories left in the attach daemon's directory: %v", left)
 	}
+
+	// The node plugin's container restarts (rbd-fuse runs on in the attach
+	// daemon): sysfs now shows the device's file from the root of the
+	// mount the old container saw, "/<image>". It is still the image's.
+	loops.ShowFromGoneMount(dev)
+	m, err := f.Identify(ctx, dev)
+	if err != nil || m.Device != dev || m.Pool != "kube" || m.Image != testImage {
+		t.Fatalf("Identify(%s) after a restart = %+v, %v; want image kube/%s", dev, m, err, testImage)
+	}
+	r := location{cluster: "c", pool: "kube"}.ref(testImage)
+	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
+		t.Fatalf("Mapped after a restart = %+v, %v; want %s", got, err, dev)
+	}
+	// Another image's name is not enough: the file must be the device's.
+	other := location{cluster: "c", pool: "kube"}.ref("csi-vol-ffffffffffffffffffffffffffffffff")
+	if got, err := f.Mapped(ctx, other); err != nil || len(got) != 0 {
+		t.Errorf("Mapped(%s) = %+v, %v; want nothing", other.image, got, err)
+	}
 }
 
 // The attach daemon the node plugin is configured with does not answer: the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,25 +110,33 @@ func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 
 // mounted reports whether dir is an rbd-fuse mount.
 func (f *fuseMapper) mounted(dir string) (bool, error) {
+	mounts, err := f.fuseMounts()
+	return slices.Contains(mounts, dir), err
+}
+
+// fuseMounts lists the mount points of rbd-fuse mounts in this mount
+// namespace.
+func (f *fuseMapper) fuseMounts() ([]string, error) {
 	file, err := os.Open(filepath.Join(f.procRoot, "self", "mountinfo"))
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	defer file.Close()
+	var out []string
 	sc := bufio.NewScanner(file)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		// mount point is field 5; the fs type follows the "-" separator.
-		if len(fields) < 5 || fields[4] != dir {
+		if len(fields) < 5 {
 			continue
 		}
 		for i, fl := range fields {
 			if fl == "-" && i+1 < len(fields) && fields[i+1] == "fuse.rbd-fuse" {
-				return true, nil
+				out = append(out, fields[4])
 			}
 		}
 	}
-	return false, sc.Err()
+	return out, sc.Err()
 }
 
 // Unmap detaches the loop device and, when no other device uses the file,
@@ -272,21 +281,32 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 }
 
 // resolveGoneMount finds the rbd-fuse mount under dir whose image file d
-// is bound to, by device and inode (blockdev.LoopDevices.Resolve), for a
-// device whose path sysfs shows from a mount that is gone; it returns the
-// mount's image ID.
+// is bound to, for a device whose path sysfs shows from a mount that is
+// gone ("/<image>": the path below the root of the rbd-fuse mount the
+// binding container saw). The candidates are the rbd-fuse mounts of that
+// image under dir (<dir>/<pool>/<image> and the longer IDs' paths); the
+// file must be the device's by device and inode
+// (blockdev.LoopDevices.Resolve). It returns the mount's image ID.
 func (f *fuseMapper) resolveGoneMount(d *blockdev.LoopDevice) (string, bool) {
-	entries, err := os.ReadDir(f.dir)
+	image, ok := strings.CutPrefix(d.BackingFile, "/")
+	if !ok || image == "" || strings.Contains(image, "/") {
+		return "", false
+	}
+	mounts, err := f.fuseMounts()
 	if err != nil {
 		return "", false
 	}
-	for _, e := range entries {
-		r, err := parseRef(e.Name(), f.c.cfg.ClusterID, "image")
-		if err != nil || "/"+r.image != d.BackingFile {
+	for _, dir := range mounts {
+		id, under := strings.CutPrefix(dir, f.dir+"/")
+		if !under || filepath.Base(dir) != image {
+			continue
+		}
+		r, err := parseRef(id, f.c.cfg.ClusterID, "image")
+		if err != nil || f.mountDir(r) != dir {
 			continue
 		}
 		if ok, err := f.loops.Resolve(d, f.file(r)); err == nil && ok {
-			return e.Name(), true
+			return id, true
 		}
 	}
 	return "", false
