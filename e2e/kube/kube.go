@@ -92,6 +92,10 @@ func Connect(t testing.TB, node string) *Cluster {
 	if err != nil {
 		t.Fatalf("kubeconfig %s: %v", kubeconfig, err)
 	}
+	// Subtests that run at once poll the API server every 250 ms each:
+	// client-go's default 5 requests a second made them wait on the
+	// client's own rate limiter until their deadlines passed.
+	cfg.QPS, cfg.Burst = 50, 100
 	c := &Cluster{
 		Kubeconfig: kubeconfig, Node: node, Config: cfg,
 		StorageClass:    envOr(EnvStorageClass, "spindle-ext4"),
@@ -355,8 +359,14 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 // termination message.
 func (c *Cluster) WaitPod(t testing.TB, ns, name string, phase corev1.PodPhase) *corev1.Pod {
 	t.Helper()
+	return c.WaitPodWithin(t, ns, name, phase, Timeout)
+}
+
+// WaitPodWithin is WaitPod for a pod that may take longer than Timeout.
+func (c *Cluster) WaitPodWithin(t testing.TB, ns, name string, phase corev1.PodPhase, timeout time.Duration) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
-	c.WaitFor(t, fmt.Sprintf("pod %s %s", name, phase), func(ctx context.Context) (bool, error) {
+	c.WaitForWithin(t, fmt.Sprintf("pod %s %s", name, phase), timeout, func(ctx context.Context) (bool, error) {
 		got, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err

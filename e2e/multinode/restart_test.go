@@ -52,6 +52,10 @@ const (
 	// maxGap is the longest pause between two acknowledged records that a
 	// node plugin restart may cause (issue 31).
 	maxGap = 5 * time.Second
+	// writerStartTimeout bounds the wait for a writer to run: every mode's
+	// volume stages at once on an emulated worker, where an RBD stage's
+	// Ceph client calls take 6-12 s each.
+	writerStartTimeout = 10 * time.Minute
 	// recordsFile is the writer's file on the volume.
 	recordsFile = "/data/records"
 )
@@ -192,7 +196,7 @@ func (c *cluster) startRecords(t *testing.T, m attachMode) *recordsWriter {
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: m.class, Size: "256Mi"})
 	c.Pod(t, ns, "writer", "data", kube.PodOptions{Node: c.a, Args: []string{"records", recordsFile, strconv.Itoa(maxWriterSecs)}})
-	pod := c.WaitPod(t, ns, "writer", corev1.PodRunning)
+	pod := c.WaitPodWithin(t, ns, "writer", corev1.PodRunning, writerStartTimeout)
 	c.WaitLogLine(t, ns, "writer", "record 1")
 	w := &recordsWriter{c: c, mode: m, ns: ns, pv: pv.Name, volumeID: pv.Spec.CSI.VolumeHandle, pod: pod.UID}
 	staged, _ := c.stagedOn(t, c.a, w.volumeID)
