@@ -19,6 +19,7 @@
 #   hack/local-cluster/multinode.sh install (re)install the chart on it
 #   hack/local-cluster/multinode.sh down    stop it all
 #   TESTS=REGEXP (optional): only the tests go test -run REGEXP selects
+#   SKIP=REGEXP (optional): not the tests go test -skip REGEXP leaves out
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/local-cluster/env.sh
@@ -299,7 +300,7 @@ up
 
 t=$SECONDS
 out=$(mktemp)
-env "${TEST_ENV[@]}" go test -count=1 -v -parallel 16 -timeout 150m ${TESTS:+-run "$TESTS"} ./e2e/multinode/ 2>&1 | tee "$out"
+env "${TEST_ENV[@]}" go test -count=1 -v -parallel 16 -timeout 150m ${TESTS:+-run "$TESTS"} ${SKIP:+-skip "$SKIP"} ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
 read -r peak qpeak <"$memory"
 echo "multinode: peak memory in use on this machine: $peak MiB, of which the workers' qemu: $qpeak MiB"

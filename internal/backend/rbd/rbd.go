@@ -32,7 +32,7 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 	removeStaleKeyDirs(c.keyRoot, time.Now())
 	return newInstance(name, c, map[string]mapper{
 		MounterKRBD: &kernelMapper{c: c, sysRoot: "/sys"},
-		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys"},
+		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys", procRoot: "/proc"},
 		MounterFuse: &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name), sysRoot: "/sys", procRoot: "/proc"},
 	}), nil
 }
