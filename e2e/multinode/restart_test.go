@@ -136,6 +136,12 @@ func (c *cluster) everyModeThrough(t *testing.T, disrupt func(t *testing.T) *cor
 	// A subtest -run leaves out is never called: the disruption waits
 	// only for the writers that run, and the writers need the disruption.
 	var writing sync.WaitGroup
+	// The writers start one at a time: four RBD volumes staging at once
+	// on an emulated worker made every Ceph client call of every stage
+	// take over the driver's 30 s per call, and kubelet's retries did the
+	// same again, so none staged in 10 minutes. The disruption still
+	// meets all of them running.
+	staging := make(chan struct{}, 1)
 	disrupted := make(chan struct{})
 	var plugin *corev1.Pod // set before disrupted is closed
 	selected := false
@@ -158,7 +164,11 @@ func (c *cluster) everyModeThrough(t *testing.T, disrupt func(t *testing.T) *cor
 			var once sync.Once
 			started := func() { once.Do(writing.Done) }
 			defer started() // a mode that skips or fails to start
-			w := c.startRecords(t, m)
+			w := func() *recordsWriter {
+				staging <- struct{}{}
+				defer func() { <-staging }()
+				return c.startRecords(t, m)
+			}()
 			started()
 			<-disrupted
 			if plugin == nil {
