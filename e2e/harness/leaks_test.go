@@ -18,9 +18,11 @@ type recordingTB struct {
 	errors   []string
 }
 
-func (r *recordingTB) Helper()                           {}
-func (r *recordingTB) Cleanup(f func())                  { r.cleanups = append(r.cleanups, f) }
-func (r *recordingTB) Errorf(format string, args ...any) { r.errors = append(r.errors, fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Helper()          {}
+func (r *recordingTB) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+func (r *recordingTB) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
 
 func (r *recordingTB) end() {
 	for i := len(r.cleanups) - 1; i >= 0; i-- {
