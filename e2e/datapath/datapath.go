@@ -362,6 +362,11 @@ func CompareEncrypted(b *testing.B, mode string, s Settings, drv *harness.Driver
 		}
 		enc.ControllerSecrets = secrets
 		target := publish(b, drv, &enc, "datapath-luks", s, map[string]string{"encrypted": "true"}, nil)
+		// What the ratios depend on: AES instructions, and the cipher
+		// implementation the kernel picked for dm-crypt's xts(aes).
+		cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
+		crypto, _ := os.ReadFile("/proc/crypto")
+		fmt.Printf("datapath %s+luks cipher: %s\n", mode, describeAES(string(cpuinfo), string(crypto)))
 		Compare(b, mode+"+luks", s, FileSide("volume", target), FileSide("unencrypted", plain))
 	})
 }
@@ -417,4 +422,40 @@ func BackingDir(b testing.TB, pool string) string {
 	}
 	b.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// describeAES says whether the CPU flags of cpuinfo (/proc/cpuinfo) have
+// AES instructions and which driver of /proc/crypto serves xts(aes): the
+// one of highest priority, as the kernel picks it.
+func describeAES(cpuinfo, crypto string) string {
+	flag := "no aes CPU flag"
+	for _, l := range strings.Split(cpuinfo, "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "flags" {
+			for _, f := range strings.Fields(v) {
+				if f == "aes" {
+					flag = "aes CPU flag"
+				}
+			}
+			break
+		}
+	}
+	driver, best := "", -1
+	for _, block := range strings.Split(crypto, "\n\n") {
+		fields := map[string]string{}
+		for _, l := range strings.Split(block, "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok {
+				fields[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			}
+		}
+		if fields["name"] != "xts(aes)" {
+			continue
+		}
+		if p, err := strconv.Atoi(fields["priority"]); err == nil && p > best {
+			driver, best = fields["driver"], p
+		}
+	}
+	if driver == "" {
+		return flag + ", xts(aes) not loaded"
+	}
+	return fmt.Sprintf("%s, xts(aes) by %s (priority %d)", flag, driver, best)
 }

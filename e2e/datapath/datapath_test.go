@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"strings"
@@ -77,5 +78,29 @@ func TestMedianAndLine(t *testing.T) {
 	want := "datapath loop/direct-io randwrite-4k: volume 900 IOPS, backing 1000 IOPS, ratio 0.90"
 	if l.String() != want {
 		t.Errorf("line = %q, want %q", l.String(), want)
+	}
+}
+
+func TestDescribeAES(t *testing.T) {
+	block := func(name, driver, module string, priority int) string {
+		return fmt.Sprintf("name         : %s\ndriver       : %s\nmodule       : %s\npriority     : %d\nrefcnt       : 1\nselftest     : passed\ninternal     : no\ntype         : skcipher\n", name, driver, module, priority)
+	}
+	aesni := block("xts(aes)", "xts-aes-aesni", "aesni_intel", 401)
+	generic := block("xts(aes)", "xts(ecb(aes-generic))", "kernel", 100)
+	plainAES := block("aes", "aes-generic", "kernel", 100)
+	for _, tc := range []struct {
+		name, cpuinfo, crypto, want string
+	}{
+		{"aes-ni picked over generic", "processor\t: 0\nflags\t\t: fpu sse2 aes avx\n", generic + "\n" + aesni + "\n" + plainAES,
+			"aes CPU flag, xts(aes) by xts-aes-aesni (priority 401)"},
+		{"no aes flag, generic", "flags\t\t: fpu sse2 avx\n", plainAES + "\n" + generic, "no aes CPU flag, xts(aes) by xts(ecb(aes-generic)) (priority 100)"},
+		{"xts not loaded", "flags\t\t: aes\n", plainAES, "aes CPU flag, xts(aes) not loaded"},
+		{"aes inside another flag's name", "flags\t\t: vaes\n", "", "no aes CPU flag, xts(aes) not loaded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := describeAES(tc.cpuinfo, tc.crypto); got != tc.want {
+				t.Errorf("describeAES = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
