@@ -8,10 +8,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -352,7 +353,7 @@ func CheckNoLeaks(t testing.TB, poolDir, dir string) {
 			_ = exec.Command("umount", "-l", m).Run()
 		}
 		after := loopBindingsUnder(poolDir)
-		for _, dev := range LoopDevicesUnder(poolDir) {
+		for _, dev := range slices.Sorted(maps.Keys(after)) {
 			if file, ok := before[dev]; ok && file == after[dev] {
 				continue
 			}
@@ -382,13 +383,7 @@ func MountsUnder(dir string) []string {
 
 // LoopDevicesUnder lists loop devices whose backing file is below dir.
 func LoopDevicesUnder(dir string) []string {
-	bound := loopBindingsUnder(dir)
-	out := make([]string, 0, len(bound))
-	for dev := range bound {
-		out = append(out, dev)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(loopBindingsUnder(dir)))
 }
 
 // loopBindingsUnder maps each loop device bound to a file under dir to
