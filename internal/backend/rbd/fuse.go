@@ -88,6 +88,11 @@ func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	if cred.user != "" {
 		cephArgs = append(cephArgs, "--id", cred.user, "--keyfile", cred.keyFile)
 	}
+	release, err := f.c.acquireSlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	args := []string{"-c", conf, "-p", r.pool}

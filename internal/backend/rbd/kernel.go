@@ -259,6 +259,11 @@ func (k *kernelMapper) listNBD(ctx context.Context) ([]mapped, error) {
 	if list, ok := k.ownNBD(); ok {
 		return list, nil
 	}
+	release, err := k.c.acquireSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	out, err := k.c.run.Run(ctx, "rbd", "device", "list", "-t", "nbd", "--format", "json")

@@ -41,7 +41,11 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 // where the programs run by run.Daemons() read them too: the attach
 // daemon's directory when the node plugin has one.
 func newCluster(cfg Config, run *command.Runner) *cluster {
-	return &cluster{cfg: cfg, run: run, keyRoot: run.DaemonsDir()}
+	c := &cluster{cfg: cfg, run: run, keyRoot: run.DaemonsDir()}
+	if cfg.MaxConcurrentCalls > 0 {
+		c.slots = make(chan struct{}, cfg.MaxConcurrentCalls)
+	}
+	return c
 }
 
 func newInstance(name string, c *cluster, mappers map[string]mapper) *backend.Instance {
