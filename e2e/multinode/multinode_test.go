@@ -21,6 +21,10 @@
 //	SPINDLE_HELM, SPINDLE_E2E_CHART, SPINDLE_E2E_HELM_VALUES
 //	                         helm, the chart and the values of release
 //	                         spindle in kube-system (TestHelmUpgradeKeepsIO)
+//	SPINDLE_E2E_PREVIOUS_CHART, SPINDLE_E2E_PREVIOUS_VALUES
+//	                         the previous release's chart and values, its
+//	                         driver image tagged "previous"
+//	                         (TestUpgradeFromPreviousChart)
 //
 // Without them the tests skip, saying so.
 package multinode

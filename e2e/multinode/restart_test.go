@@ -71,7 +71,7 @@ const (
 // back afterwards.
 func TestNodePluginRestartKeepsIO(t *testing.T) {
 	c := connect(t)
-	c.everyModeThrough(t, func(t *testing.T) *corev1.Pod {
+	c.everyModeThrough(t, attachModes, func(t *testing.T) *corev1.Pod {
 		old := c.nodePlugin(t, c.a)
 		if err := c.Client.CoreV1().Pods(old.Namespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete the node plugin pod %s/%s: %v", old.Namespace, old.Name, err)
@@ -96,7 +96,7 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 			h.upgrade(t, first)
 		}
 	})
-	c.everyModeThrough(t, func(t *testing.T) *corev1.Pod {
+	c.everyModeThrough(t, attachModes, func(t *testing.T) *corev1.Pod {
 		old := c.nodePlugin(t, c.a)
 		attachd := c.attachDaemonPod(t, c.a)
 		to := "upgrade"
@@ -117,17 +117,17 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 	})
 }
 
-// everyModeThrough starts a records writer of every attach mode on worker
-// a, each in a parallel subtest named by its mode. Once all of them write
+// everyModeThrough starts a records writer of every attach mode of modes
+// on worker a, each in a parallel subtest named by its mode. Once all of them write
 // (or their mode could not start), the subtest "disruption" runs disrupt
 // once; it returns the node plugin pod that runs on worker a afterwards.
 // Then each mode's subtest checks that its writer survived. The parallel
 // subtests start when the calling test function returns.
-func (c *cluster) everyModeThrough(t *testing.T, disrupt func(t *testing.T) *corev1.Pod) {
+func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt func(t *testing.T) *corev1.Pod) {
 	t.Helper()
 	// Every writer and the disruption run at once: with fewer parallel
 	// slots the disruption would wait for writers that cannot start.
-	need := len(attachModes) + 1
+	need := len(modes) + 1
 	if f := flag.Lookup("test.parallel"); f != nil {
 		if n, err := strconv.Atoi(f.Value.String()); err != nil || n < need {
 			t.Fatalf("go test -parallel %s: this test runs %d subtests at once; run it with -parallel %d or more (multinode.sh does)", f.Value, need, need)
@@ -155,7 +155,7 @@ func (c *cluster) everyModeThrough(t *testing.T, disrupt func(t *testing.T) *cor
 	if !selected {
 		t.Fatalf("-run leaves out %s/disruption, which every mode's check needs", t.Name())
 	}
-	for _, m := range attachModes {
+	for _, m := range modes {
 		writing.Add(1)
 		called := false
 		t.Run(m.name, func(t *testing.T) {
@@ -243,6 +243,15 @@ func (w *recordsWriter) survived(t *testing.T, plugin *corev1.Pod) {
 	}
 	// A few seconds of records after the plugin is back.
 	time.Sleep(3 * time.Second)
+	w.finish(t)
+}
+
+// finish stops the writer and checks what it saw: no I/O error, no gap
+// over maxGap, never restarted, the VolumeAttachment attached throughout;
+// then every acknowledged record reads back in a new pod on worker a.
+func (w *recordsWriter) finish(t *testing.T) {
+	t.Helper()
+	c := w.c
 	c.Pod(t, w.ns, "stopper", "data", kube.PodOptions{Node: c.a, Args: []string{"stop-records", recordsFile}})
 	c.WaitPod(t, w.ns, "stopper", corev1.PodSucceeded)
 	writer := c.WaitPod(t, w.ns, "writer", corev1.PodSucceeded)
@@ -468,14 +477,38 @@ func helmRelease(t *testing.T, c *cluster) release {
 // the node DaemonSet rolled on both workers, the controller ready).
 func (r release) upgrade(t *testing.T, tag string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, r.helm, "upgrade", "spindle", r.chart, "--namespace", "kube-system", "--kubeconfig", r.kubeconfig,
-		"-f", r.values, "--set", "driver.image.tag="+tag, "--wait", "--timeout", "10m")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
+	if out, err := r.upgradeTo(r.chart, r.values, "--set", "driver.image.tag="+tag); err != nil {
 		t.Fatalf("helm upgrade to tag %s: %v\n%s", tag, err, out)
 	}
 	t.Logf("helm upgrade to tag %s took %v", tag, time.Since(start).Round(time.Second))
+}
+
+// upgradeTo runs `helm upgrade` of release spindle in kube-system to chart
+// with the values file and more flags, and waits for it (--wait).
+func (r release) upgradeTo(chart, values string, flags ...string) ([]byte, error) {
+	return r.run(append([]string{"upgrade", "spindle", chart, "-f", values, "--wait", "--timeout", "10m"}, flags...)...)
+}
+
+// run runs helm with args on the release's namespace and cluster.
+func (r release) run(args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	return exec.CommandContext(ctx, r.helm, append(args, "--namespace", "kube-system", "--kubeconfig", r.kubeconfig)...).CombinedOutput()
+}
+
+// deployedChart is the chart the release runs now ("spindle-0.2.0").
+func (r release) deployedChart(t *testing.T) string {
+	t.Helper()
+	out, err := r.run("list", "--filter", "^spindle$", "--output", "json")
+	if err != nil {
+		t.Fatalf("helm list: %v\n%s", err, out)
+	}
+	var list []struct {
+		Chart string `json:"chart"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil || len(list) != 1 {
+		t.Fatalf("helm list: want release spindle once, got %q (%v)", out, err)
+	}
+	return list[0].Chart
 }
