@@ -52,9 +52,9 @@ const (
 	// maxGap is the longest pause between two acknowledged records that a
 	// node plugin restart may cause (issue 31).
 	maxGap = 5 * time.Second
-	// writerStartTimeout bounds the wait for a writer to run: every mode's
-	// volume stages at once on an emulated worker, where an RBD stage's
-	// Ceph client calls take 6-12 s each.
+	// writerStartTimeout bounds the wait for a writer to run (an RBD
+	// stage's Ceph client calls take 6-12 s each on an emulated worker),
+	// and for the stoppers and readers, which every mode starts at once.
 	writerStartTimeout = 10 * time.Minute
 	// recordsFile is the writer's file on the volume.
 	recordsFile = "/data/records"
@@ -252,9 +252,11 @@ func (w *recordsWriter) survived(t *testing.T, plugin *corev1.Pod) {
 func (w *recordsWriter) finish(t *testing.T) {
 	t.Helper()
 	c := w.c
+	// Every mode's stopper and reader start at once on worker a: seven new
+	// pods took an emulated worker 3-4 minutes, over kube.Timeout.
 	c.Pod(t, w.ns, "stopper", "data", kube.PodOptions{Node: c.a, Args: []string{"stop-records", recordsFile}})
-	c.WaitPod(t, w.ns, "stopper", corev1.PodSucceeded)
-	writer := c.WaitPod(t, w.ns, "writer", corev1.PodSucceeded)
+	c.WaitPodWithin(t, w.ns, "stopper", corev1.PodSucceeded, writerStartTimeout)
+	writer := c.WaitPodWithin(t, w.ns, "writer", corev1.PodSucceeded, writerStartTimeout)
 	notAttached := w.watch.stop()
 
 	msg := kube.TerminationMessage(writer)
@@ -281,7 +283,7 @@ func (w *recordsWriter) finish(t *testing.T) {
 	}
 
 	c.Pod(t, w.ns, "reader", "data", kube.PodOptions{Node: c.a, Args: []string{"verify-records", recordsFile, strconv.Itoa(n)}})
-	reader := c.WaitPod(t, w.ns, "reader", corev1.PodSucceeded)
+	reader := c.WaitPodWithin(t, w.ns, "reader", corev1.PodSucceeded, writerStartTimeout)
 	if got, want := kube.TerminationMessage(reader), fmt.Sprintf("verified %d records", n); got != want {
 		t.Errorf("the reader says %q, want %q", got, want)
 	}
