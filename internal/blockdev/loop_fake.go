@@ -37,6 +37,11 @@ type FakeLoopDevices struct {
 	// Shown are devices whose backing file sysfs shows from a mount that
 	// is gone: the file each is really bound to (ShowFromGoneMount).
 	Shown map[string]string
+	// Unanswered counts, per device shown from a gone mount, the next
+	// Resolves that find its file unreadable (false), as a FUSE daemon that
+	// answers a stat with ENOENT when it cannot reach its backend makes
+	// them (rbd-fuse).
+	Unanswered map[string]int
 }
 
 // ShowFromGoneMount makes dev's backing file show as the kernel shows it
@@ -69,6 +74,10 @@ func (f *FakeLoopDevices) resolveLocked(d *LoopDevice, file string) bool {
 		return true
 	}
 	if f.Shown[d.Path] != file || !endsWithPath(file, d.BackingFile) {
+		return false
+	}
+	if f.Unanswered[d.Path] > 0 {
+		f.Unanswered[d.Path]--
 		return false
 	}
 	d.BackingFile = file

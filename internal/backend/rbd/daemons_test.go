@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/blockdev"
@@ -92,7 +93,7 @@ func TestFuseMountRunsInTheAttachDaemon(t *testing.T) {
 	run := command.New(commandtest.New(t), nil).WithDaemons(command.New(remote, nil), daemon)
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", Mounter: MounterFuse}.withDefaults()
 	loops := blockdev.NewFakeLoopDevices()
-	f := &fuseMapper{c: newCluster(cfg, run), loops: loops, dir: fuseDir, sysRoot: t.TempDir(), procRoot: proc}
+	f := &fuseMapper{c: newCluster(cfg, run), loops: loops, dir: fuseDir, sysRoot: t.TempDir(), procRoot: proc, retryPause: time.Millisecond}
 	ctx := backend.WithSecrets(context.Background(), map[string]string{SecretUserID: "csi", SecretUserKey: key})
 
 	dev, err := f.Map(ctx, location{cluster: "c", pool: "kube"}.ref(testImage), false, "")
@@ -117,6 +118,16 @@ func TestFuseMountRunsInTheAttachDaemon(t *testing.T) {
 	r := location{cluster: "c", pool: "kube"}.ref(testImage)
 	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
 		t.Fatalf("Mapped after a restart = %+v, %v; want %s", got, err, dev)
+	}
+	// rbd-fuse answers a stat of its file with ENOENT while it cannot
+	// open the image (a loaded cluster): asked again, it answers.
+	loops.Unanswered = map[string]int{dev: 2}
+	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
+		t.Fatalf("Identify(%s) while rbd-fuse answered ENOENT twice = %+v, %v; want image kube/%s", dev, m, err, testImage)
+	}
+	loops.Unanswered = map[string]int{dev: goneMountTries}
+	if m, err := f.Identify(ctx, dev); errdefs.KindOf(err) != errdefs.ErrNotFound {
+		t.Fatalf("Identify(%s) while rbd-fuse never answered = %+v, %v; want NotFound", dev, m, err)
 	}
 	// Another image's name is not enough: the file must be the device's.
 	other := location{cluster: "c", pool: "kube"}.ref("csi-vol-ffffffffffffffffffffffffffffffff")

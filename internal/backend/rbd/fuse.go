@@ -30,6 +30,8 @@ type fuseMapper struct {
 	dir      string // <fuseDir>/<instance>
 	sysRoot  string
 	procRoot string // "/proc"
+	// retryPause replaces goneMountRetry's second when set (tests).
+	retryPause time.Duration
 }
 
 func (f *fuseMapper) mountDir(r ref) string { return filepath.Join(f.dir, r.idOf(f.c.cfg.ClusterID)) }
@@ -273,7 +275,7 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 	if !ok && !d.Deleted {
 		// Bound by a node plugin container that has since restarted: the
 		// path starts at the root of the rbd-fuse mount it saw ("/<image>").
-		id, ok = f.resolveGoneMount(d)
+		id, ok = f.resolveGoneMount(ctx, d)
 	}
 	r, perr := parseRef(id, f.c.cfg.ClusterID, "image")
 	if d.Deleted || !ok || perr != nil || d.BackingFile != f.file(r) {
@@ -292,7 +294,15 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 // image under dir (<dir>/<pool>/<image> and the longer IDs' paths); the
 // file must be the device's by device and inode
 // (blockdev.LoopDevices.Resolve). It returns the mount's image ID.
-func (f *fuseMapper) resolveGoneMount(d *blockdev.LoopDevice) (string, bool) {
+//
+// rbd-fuse answers every stat of its file by opening the image again
+// (rbd_open; attr_timeout=0 sends each one to it) and answers ENOENT
+// whenever that fails, as it does on a loaded cluster: the node inventory
+// of make e2e-multinode's restart test once showed an adopted rbd-fuse
+// volume "missing" that way. A candidate whose file does not match is
+// asked again, goneMountTries times in all, goneMountRetry apart, before
+// the device counts as not the image's.
+func (f *fuseMapper) resolveGoneMount(ctx context.Context, d *blockdev.LoopDevice) (string, bool) {
 	image, ok := strings.CutPrefix(d.BackingFile, "/")
 	if !ok || image == "" || strings.Contains(image, "/") {
 		return "", false
@@ -301,6 +311,7 @@ func (f *fuseMapper) resolveGoneMount(d *blockdev.LoopDevice) (string, bool) {
 	if err != nil {
 		return "", false
 	}
+	var candidates []ref
 	for _, dir := range mounts {
 		id, under := strings.CutPrefix(dir, f.dir+"/")
 		if !under || filepath.Base(dir) != image {
@@ -310,11 +321,35 @@ func (f *fuseMapper) resolveGoneMount(d *blockdev.LoopDevice) (string, bool) {
 		if err != nil || f.mountDir(r) != dir {
 			continue
 		}
-		if ok, err := f.loops.Resolve(d, f.file(r)); err == nil && ok {
-			return id, true
+		candidates = append(candidates, r)
+	}
+	for try := 1; len(candidates) > 0; try++ {
+		for _, r := range candidates {
+			if ok, err := f.loops.Resolve(d, f.file(r)); err == nil && ok {
+				return strings.TrimPrefix(f.mountDir(r), f.dir+"/"), true
+			}
+		}
+		if try == goneMountTries {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return "", false
+		case <-time.After(f.goneMountRetry()):
 		}
 	}
 	return "", false
+}
+
+// goneMountTries is how many times resolveGoneMount asks rbd-fuse.
+const goneMountTries = 3
+
+// goneMountRetry is the pause between two of those tries.
+func (f *fuseMapper) goneMountRetry() time.Duration {
+	if f.retryPause > 0 {
+		return f.retryPause
+	}
+	return time.Second
 }
 
 // Refresh has the loop driver re-read the file's size, which rbd-fuse
