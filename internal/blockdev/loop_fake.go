@@ -61,6 +61,26 @@ func (f *FakeLoopDevices) ShowFromGoneMount(dev string) {
 	d.BackingFile = "/" + filepath.Base(d.BackingFile)
 }
 
+// ShowDeleted makes dev's backing file show "(deleted)" although the file
+// is there, as the kernel shows it once a FUSE daemon answered a lookup of
+// the file with ENOENT (rbd-fuse when it cannot open its image): Resolve
+// still finds the file by device and inode.
+func (f *FakeLoopDevices) ShowDeleted(dev string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.Devices[dev]
+	if !ok {
+		return
+	}
+	if f.Shown == nil {
+		f.Shown = map[string]string{}
+	}
+	if _, gone := f.Shown[dev]; !gone {
+		f.Shown[dev] = d.BackingFile
+	}
+	d.Deleted = true
+}
+
 // Resolve implements LoopDevices: the path, or the file a device shown
 // from a gone mount is really bound to.
 func (f *FakeLoopDevices) Resolve(d *LoopDevice, file string) (bool, error) {

@@ -129,6 +129,23 @@ func TestFuseMountRunsInTheAttachDaemon(t *testing.T) {
 	if m, err := f.Identify(ctx, dev); errdefs.KindOf(err) != errdefs.ErrNotFound {
 		t.Fatalf("Identify(%s) while rbd-fuse never answered = %+v, %v; want NotFound", dev, m, err)
 	}
+	// A lookup rbd-fuse answered with ENOENT (it could not open the image)
+	// makes the kernel show the device's file "(deleted)", from the gone
+	// mount or from its own path: it is still the image's, by device and
+	// inode, and Mapped finds it.
+	loops.ShowDeleted(dev)
+	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
+		t.Fatalf("Identify(%s) shown \"/%s (deleted)\" = %+v, %v; want image kube/%s", dev, testImage, m, err, testImage)
+	}
+	loops.Devices[dev].BackingFile = filepath.Join(dir, testImage)
+	delete(loops.Shown, dev)
+	loops.ShowDeleted(dev)
+	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
+		t.Fatalf("Identify(%s) shown \"%s (deleted)\" = %+v, %v; want image kube/%s", dev, filepath.Join(dir, testImage), m, err, testImage)
+	}
+	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
+		t.Fatalf("Mapped with the file shown deleted = %+v, %v; want %s", got, err, dev)
+	}
 	// Another image's name is not enough: the file must be the device's.
 	other := location{cluster: "c", pool: "kube"}.ref("csi-vol-ffffffffffffffffffffffffffffffff")
 	if got, err := f.Mapped(ctx, other); err != nil || len(got) != 0 {

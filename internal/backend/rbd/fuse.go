@@ -254,9 +254,17 @@ func (f *fuseMapper) Mapped(ctx context.Context, r ref) ([]mapped, error) {
 	}
 	var out []mapped
 	for _, d := range devs {
-		if !d.Deleted && !d.AutoClear {
-			out = append(out, mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly})
+		if d.AutoClear {
+			continue
 		}
+		if d.Deleted {
+			// rbd-fuse's file shown "(deleted)" is still the image's when
+			// it is by device and inode (resolveUnsure).
+			if id, ok := f.resolveUnsure(ctx, &d); !ok || id != strings.TrimPrefix(f.mountDir(r), f.dir+"/") {
+				continue
+			}
+		}
+		out = append(out, mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly})
 	}
 	return out, nil
 }
@@ -272,13 +280,14 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 		return nil, err
 	}
 	id, ok := strings.CutPrefix(filepath.Dir(d.BackingFile), f.dir+"/")
-	if !ok && !d.Deleted {
-		// Bound by a node plugin container that has since restarted: the
-		// path starts at the root of the rbd-fuse mount it saw ("/<image>").
-		id, ok = f.resolveGoneMount(ctx, d)
+	if !ok || d.Deleted {
+		// Bound by a node plugin container that has since restarted (the
+		// path starts at the root of the rbd-fuse mount it saw,
+		// "/<image>"), or shown "(deleted)" (resolveUnsure).
+		id, ok = f.resolveUnsure(ctx, d)
 	}
 	r, perr := parseRef(id, f.c.cfg.ClusterID, "image")
-	if d.Deleted || !ok || perr != nil || d.BackingFile != f.file(r) {
+	if !ok || perr != nil || d.BackingFile != f.file(r) {
 		return nil, errdefs.NotFound("%s is bound to %q, not to an rbd-fuse file under %s", dev, d.BackingFile, f.dir)
 	}
 	if ok, err := f.mounted(f.mountDir(r)); err != nil || !ok {
@@ -287,24 +296,30 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 	return &mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly}, nil
 }
 
-// resolveGoneMount finds the rbd-fuse mount under dir whose image file d
-// is bound to, for a device whose path sysfs shows from a mount that is
-// gone ("/<image>": the path below the root of the rbd-fuse mount the
-// binding container saw). The candidates are the rbd-fuse mounts of that
-// image under dir (<dir>/<pool>/<image> and the longer IDs' paths); the
-// file must be the device's by device and inode
-// (blockdev.LoopDevices.Resolve). It returns the mount's image ID.
+// resolveUnsure finds the rbd-fuse mount under dir whose image file d is
+// bound to, for a device whose path sysfs shows from a mount that is gone
+// ("/<image>": the path below the root of the rbd-fuse mount the binding
+// container saw) or shows "(deleted)". The candidates are the
+// rbd-fuse mounts of that image under dir (<dir>/<pool>/<image> and the
+// longer IDs' paths); the file must be the device's by device and inode
+// (blockdev.LoopDevices.Resolve). It returns the mount's image ID, and
+// sets d's path to the file and clears Deleted.
 //
-// rbd-fuse answers every stat of its file by opening the image again
-// (rbd_open; attr_timeout=0 sends each one to it) and answers ENOENT
-// whenever that fails, as it does on a loaded cluster: the node inventory
-// of make e2e-multinode's restart test once showed an adopted rbd-fuse
-// volume "missing" that way. A candidate whose file does not match is
-// asked again, goneMountTries times in all, goneMountRetry apart, before
-// the device counts as not the image's.
-func (f *fuseMapper) resolveGoneMount(ctx context.Context, d *blockdev.LoopDevice) (string, bool) {
-	image, ok := strings.CutPrefix(d.BackingFile, "/")
-	if !ok || image == "" || strings.Contains(image, "/") {
+// rbd-fuse answers every lookup and stat of its file by opening the image
+// again (rbd_open; attr_timeout=0 and entry_timeout=0 send each one to it)
+// and answers ENOENT whenever that fails, as it does on a loaded cluster.
+// A lookup answered so makes the kernel drop the dentry the loop device
+// holds, which sysfs then shows "(deleted)" although the file is there and
+// the device serves it: make e2e-multinode's restart test found an
+// adopted rbd-fuse volume so, and every publish of it refused. A
+// candidate whose file does not match is asked again, goneMountTries
+// times in all, goneMountRetry apart, before the device counts as not the
+// image's.
+func (f *fuseMapper) resolveUnsure(ctx context.Context, d *blockdev.LoopDevice) (string, bool) {
+	image := filepath.Base(d.BackingFile)
+	goneMount := image != "/" && d.BackingFile == "/"+image
+	deletedUnderDir := d.Deleted && strings.HasPrefix(d.BackingFile, f.dir+"/")
+	if !goneMount && !deletedUnderDir {
 		return "", false
 	}
 	mounts, err := f.fuseMounts()
@@ -325,7 +340,11 @@ func (f *fuseMapper) resolveGoneMount(ctx context.Context, d *blockdev.LoopDevic
 	}
 	for try := 1; len(candidates) > 0; try++ {
 		for _, r := range candidates {
-			if ok, err := f.loops.Resolve(d, f.file(r)); err == nil && ok {
+			// Compared by device and inode, whatever the path shows.
+			probe := *d
+			probe.BackingFile, probe.Deleted = "/"+image, false
+			if ok, err := f.loops.Resolve(&probe, f.file(r)); err == nil && ok {
+				d.BackingFile, d.Deleted = probe.BackingFile, false
 				return strings.TrimPrefix(f.mountDir(r), f.dir+"/"), true
 			}
 		}
