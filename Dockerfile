@@ -18,10 +18,13 @@ FROM debian:trixie-slim
 # rbd-nbd and rbd-fuse: the other two RBD mounters; kmod: modprobe, with
 # which the node plugin loads rbd, nbd or iscsi_tcp (mount the host's
 # /lib/modules); tgt: tgtadm, for a controller that manages a tgt target;
-# cryptsetup-bin and dmsetup: encrypted volumes (dm-crypt, LUKS2).
+# cryptsetup-bin and dmsetup: encrypted volumes (dm-crypt, LUKS2);
+# qemu-system-common (qemu-storage-daemon) and qemu-block-extra (its iSCSI
+# driver): the iSCSI userspace attacher, run by the attach daemon.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod tgt cryptsetup-bin dmsetup ca-certificates \
+       e2fsprogs xfsprogs btrfs-progs util-linux mount open-iscsi ceph-common rbd-nbd rbd-fuse kmod tgt cryptsetup-bin dmsetup \
+       qemu-system-common qemu-block-extra ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/spindle /usr/local/bin/spindle
 ENTRYPOINT ["/usr/local/bin/spindle"]

@@ -44,10 +44,11 @@ mkdir -p "$OUT"
 imagetar() { (cd "$REPO" && go run ./hack/imagetar "$@"); }
 
 # The programs the driver runs (internal/node, internal/backend/loop,
-# k8s.io/mount-utils), with what they need at run time; and the kernel
-# attach paths' tools (iscsiadm, rbd for krbd, rbd-nbd, rbd-fuse, modprobe
-# for their modules) and the controller's tgtadm (an iSCSI backend on tgt),
-# cryptsetup and dmsetup for encrypted volumes, as the Dockerfile installs them.
+# k8s.io/mount-utils), with what they need at run time; and the attach
+# paths' tools (iscsiadm, rbd for krbd, rbd-nbd, rbd-fuse,
+# qemu-storage-daemon, modprobe for their modules) and the controller's
+# tgtadm (an iSCSI backend on tgt), cryptsetup and dmsetup for encrypted
+# volumes, as the Dockerfile installs them.
 # rados: the RBD backend's own omap records (spindle.locations, the trash
 # list) are read and written with it.
 # date: `rbd trash mv` (DeleteVolume of an RBD volume) runs /bin/date to
@@ -56,7 +57,10 @@ PROGRAMS=(losetup blkid wipefs mount umount findmnt mountpoint lsblk blockdev
   mkfs mkfs.ext4 mke2fs resize2fs e2fsck fsck fsck.ext4 dumpe2fs tune2fs
   mkfs.xfs xfs_growfs xfs_info xfs_spaceman xfs_db xfs_repair
   mkfs.btrfs btrfs stat sync sh date
-  iscsiadm rbd rbd-nbd rbd-fuse rados modprobe tgtadm cryptsetup dmsetup)
+  iscsiadm rbd rbd-nbd rbd-fuse rados modprobe tgtadm cryptsetup dmsetup qemu-storage-daemon)
+# qemu-storage-daemon (the iSCSI userspace attacher, run by the attach
+# daemon) loads its iSCSI driver as a module, which links libiscsi.
+QEMU_MODULES=(/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so)
 FILES=(/etc/mke2fs.conf)
 
 driver() {
@@ -71,6 +75,11 @@ driver() {
   local p f
   for p in "${PROGRAMS[@]}"; do args+=(-program "$p"); done
   for f in "${FILES[@]}"; do args+=(-file "$f"); done
+  local m lib
+  for m in "${QEMU_MODULES[@]}"; do
+    args+=(-file "$m")
+    for lib in $(ldd "$m" | grep -o '=> /[^ ]*' | cut -c4-); do args+=(-file "$(readlink -f "$lib"):$lib"); done
+  done
   ceph_cli args
   imagetar "${args[@]}"
   rm -f "$OUT/spindle"

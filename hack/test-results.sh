@@ -12,4 +12,9 @@ count_results() {
   if ! grep -q '^\(ok\|FAIL\)' "$1" || [ "$skipped" -gt 0 ] || [ $((passed + failed)) -eq 0 ]; then
     failed=$((failed + skipped + 1))
   fi
+  # A package that failed with no test failing: its binary was killed, or
+  # timed out, in the middle of a test that never reported.
+  if [ "$failed" -eq 0 ] && grep -q '^FAIL' "$1"; then
+    failed=1
+  fi
 }

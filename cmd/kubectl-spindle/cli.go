@@ -81,7 +81,7 @@ func (c *command) checkOutput() error {
 func (c *command) addReachFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.o.driverNamespace, "driver-namespace", "", "namespace of the driver's pods (the chart's release); default: found in any namespace")
 	fs.StringVar(&c.o.podSelector, "pod-selector", DefaultPodSelector, "label selector of the chart's pods; app.kubernetes.io/component=node|controller is added")
-	fs.IntVar(&c.o.nodePort, "node-port", 9808, "port of a node plugin's endpoints when its pod declares no port named metrics and no --metrics-address")
+	fs.IntVar(&c.o.nodePort, "node-port", 9838, "port of a node plugin's endpoints when its pod declares no port named metrics and no --metrics-address")
 	fs.IntVar(&c.o.controllerPort, "controller-port", 9810, "port of the controller's endpoints when its pod declares no port named metrics and no --metrics-address")
 	fs.StringArrayVar(&c.o.nodeAddresses, "node-address", nil, "NODE=HOST:PORT (or URL) of a node plugin's metrics address, read directly instead of through the API server; repeatable (the Node annotation "+NodeAddressAnnotation+" does the same)")
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -39,6 +40,15 @@ type want struct {
 	poolDirs     []string
 	// iscsiPools are iSCSI pools: the controller's, never a node plugin's.
 	iscsiPools []string
+	// attachDaemon: the attach daemon DaemonSet is rendered and the node
+	// plugin starts its volumes' daemons there.
+	attachDaemon bool
+	// stateDir is nodeStateDir; sharedDirs the host directories both the
+	// node plugin and the attach daemon mount (Bidirectional).
+	stateDir   string
+	sharedDirs []string
+	// kernelISCSI: the node pods get the host's /etc/iscsi and /run/lock/iscsi.
+	kernelISCSI bool
 	// secretNames are the Secrets the controller may read (resourceNames).
 	secretNames []string
 	// kmsIDs are the encryptionKMSIDs the driver has (kms.json, with the
@@ -48,7 +58,8 @@ type want struct {
 
 var defaults = want{
 	kubeletDir: "/var/lib/kubelet", pullPolicy: corev1.PullIfNotPresent, registration: "registrar", nodeMode: "node",
-	liveness: true, poolDirs: []string{"/var/lib/spindle/pools/default"},
+	liveness: true, poolDirs: []string{"/var/lib/spindle/pools/default"}, hostNetwork: true,
+	attachDaemon: true, stateDir: "/run/spindle", sharedDirs: []string{"/run/spindle"},
 }
 
 // renderings are the default values, every example and a few variants.
@@ -72,6 +83,7 @@ func renderings() []struct {
 			w.registration, w.nodeMode, w.hostNetwork, w.ctrlHostNet, w.liveness, w.snapshotCtl = "driver", "node", true, true, false, true
 			w.poolDirs = []string{"/var/tmp/spindle-local-cluster/pool"}
 			w.groupSnaps = true
+			w.stateDir, w.sharedDirs = "/var/tmp/spindle-local-cluster/node-state", []string{"/var/tmp/spindle-local-cluster/node-state"}
 		})},
 		{name: "node-local", files: ex("node-local.yaml"), want: with(func(w *want) {
 			w.nodeLocal, w.capacity, w.poolDirs = true, true, []string{"/var/lib/spindle/pools/local"}
@@ -81,7 +93,7 @@ func renderings() []struct {
 		})},
 		{name: "rook", files: ex("rook.yaml"), want: with(func(w *want) { w.poolDirs = nil })},
 		{name: "iscsi", files: ex("iscsi.yaml"), want: with(func(w *want) {
-			w.poolDirs, w.hostNetwork, w.secretNames = nil, true, []string{"spindle-iscsi-chap"}
+			w.poolDirs, w.secretNames, w.kernelISCSI = nil, []string{"spindle-iscsi-chap"}, true
 			w.iscsiPools = []string{"/var/lib/spindle/iscsi/tgt-a"}
 		})},
 		// Every pool its own volume: they were once rendered as one
@@ -89,6 +101,16 @@ func renderings() []struct {
 		{name: "several pools", files: []string{filepath.Join("testdata", "pools.yaml")}, want: with(func(w *want) {
 			w.poolDirs = []string{"/var/lib/spindle/pools/default", "/var/lib/spindle/pools/fast"}
 			w.iscsiPools = []string{"/var/lib/spindle/iscsi/tgt-a"}
+		})},
+		{name: "no attach daemon, pod network", sets: []string{"attachDaemon.enabled=false", "node.hostNetwork=false"}, want: with(func(w *want) {
+			w.attachDaemon, w.hostNetwork = false, false
+		})},
+		{name: "rbd-fuse and iSCSI userspace outside the state directory", files: []string{filepath.Join("testdata", "userspace-dirs.yaml")}, want: with(func(w *want) {
+			// The iSCSI instance keeps its state at the driver's default,
+			// below /run/spindle; rbd-fuse's directory is elsewhere. Its
+			// pool is the controller's only.
+			w.poolDirs, w.iscsiPools = nil, []string{"/var/lib/spindle/iscsi"}
+			w.sharedDirs = []string{"/run/spindle", "/var/lib/spindle/fuse"}
 		})},
 		{name: "custom kubelet dir, driver registration, no probes", sets: []string{
 			"kubeletDir=/data/kubelet/", "node.registration=driver", "sidecars.livenessProbe.enabled=false",
@@ -150,6 +172,7 @@ func TestTemplate(t *testing.T) {
 			checkCSIDriver(t, r, c.want)
 			checkServiceAccounts(t, r, c.want)
 			checkNode(t, r, c.want)
+			checkAttachDaemon(t, r, c.want)
 			checkController(t, r, c.want)
 			checkRBAC(t, r, c.want)
 			checkConfig(t, r, c.want)
@@ -340,8 +363,32 @@ func checkNode(t *testing.T, r *rendering, w want) {
 	} else if host, _ := hostPathOf(spec, d, dir); host != w.kubeletDir {
 		t.Errorf("node driver --kubelet-dir=%q is %q on the host, want %s", dir, host, w.kubeletDir)
 	}
-	if addr, ok := flag(d.Args, "metrics-address"); !ok || !strings.HasSuffix(addr, ":9808") {
-		t.Errorf("node driver --metrics-address=%q, want the node port 9808 kubectl-spindle looks for", addr)
+	if addr, ok := flag(d.Args, "metrics-address"); !ok || !strings.HasSuffix(addr, ":9838") {
+		t.Errorf("node driver --metrics-address=%q, want the node port 9838 kubectl-spindle looks for", addr)
+	}
+	if !spec.HostPID {
+		t.Error("node pods without hostPID: the plugin finds the processes serving its volumes in /proc")
+	}
+	// The kernel attach paths: modprobe from the host's modules; iscsiadm
+	// with the host's node database and its lock directory.
+	hostDirs := []string{"/lib/modules"}
+	if w.kernelISCSI {
+		hostDirs = append(hostDirs, "/etc/iscsi", "/run/lock/iscsi")
+	}
+	for _, p := range hostDirs {
+		if host, ok := hostPathOf(spec, d, p); !ok || host != p {
+			t.Errorf("node driver's %s is %q on the host, want the host's %s", p, host, p)
+		}
+	}
+	if !w.kernelISCSI {
+		if _, ok := hostPathOf(spec, d, "/etc/iscsi"); ok {
+			t.Error("the node pods mount /etc/iscsi, but no iSCSI instance logs in with the kernel")
+		}
+	}
+	checkSharedDirs(t, spec, d, w, "node")
+	socket, ok := flag(d.Args, "attach-daemon-socket")
+	if ok != w.attachDaemon {
+		t.Errorf("node driver --attach-daemon-socket=%q, want it %v", socket, w.attachDaemon)
 	}
 	regDir := path.Join(w.kubeletDir, "plugins_registry")
 	registrar := container(t, spec, "node-driver-registrar")
@@ -376,6 +423,79 @@ func checkNode(t *testing.T, r *rendering, w want) {
 		}
 	}
 	checkLiveness(t, spec, d, w.liveness, "node")
+}
+
+// checkSharedDirs: c has every host directory the node plugin and the
+// attach daemon share at its own path, with Bidirectional propagation.
+func checkSharedDirs(t *testing.T, spec corev1.PodSpec, c *corev1.Container, w want, what string) {
+	t.Helper()
+	for _, dir := range w.sharedDirs {
+		host, ok := hostPathOf(spec, c, dir)
+		var m *corev1.VolumeMount
+		for i := range c.VolumeMounts {
+			if c.VolumeMounts[i].MountPath == dir {
+				m = &c.VolumeMounts[i]
+			}
+		}
+		if !ok || host != dir || m == nil || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+			t.Errorf("%s: %s is %q on the host (mount %+v), want the host's, Bidirectional", what, dir, host, m)
+		}
+	}
+}
+
+// checkAttachDaemon: its own DaemonSet, updated only when its pods are
+// deleted, on the node plugin's nodes; the node plugin's socket is its
+// socket on the host, and both share the state directories.
+func checkAttachDaemon(t *testing.T, r *rendering, w want) {
+	if !w.attachDaemon {
+		if r.has("DaemonSet", "spindle-attachd") {
+			t.Error("the attach daemon is rendered although disabled")
+		}
+		return
+	}
+	ds := one[appsv1.DaemonSet](t, r, "DaemonSet", "spindle-attachd")
+	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("attach daemon updateStrategy %q, want OnDelete: its pods hold the volumes' daemons", ds.Spec.UpdateStrategy.Type)
+	}
+	node := one[appsv1.DaemonSet](t, r, "DaemonSet", "spindle-node").Spec.Template.Spec
+	spec := ds.Spec.Template.Spec
+	if !spec.HostPID || !spec.HostNetwork {
+		t.Errorf("attach daemon hostPID %v hostNetwork %v, want both", spec.HostPID, spec.HostNetwork)
+	}
+	if !reflect.DeepEqual(spec.NodeSelector, node.NodeSelector) || !reflect.DeepEqual(spec.Tolerations, node.Tolerations) || !reflect.DeepEqual(spec.Affinity, node.Affinity) {
+		t.Errorf("the attach daemon does not run on the node plugin's nodes: selector %v tolerations %v", spec.NodeSelector, spec.Tolerations)
+	}
+	if _, ok := ds.Spec.Template.Annotations["checksum/config"]; ok {
+		t.Error("the attach daemon's pods carry the config checksum; it needs no config")
+	}
+	c := container(t, spec, "attachd")
+	if c == nil {
+		t.Fatalf("attach daemon pod has no attachd container: %v", containerNames(spec))
+	}
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("the attach daemon is not privileged: it maps nbd devices and mounts FUSE")
+	}
+	if mode, _ := flag(c.Args, "mode"); mode != "attach-daemon" {
+		t.Errorf("attach daemon --mode=%q", mode)
+	}
+	d := container(t, node, "spindle")
+	want, _ := flag(d.Args, "attach-daemon-socket")
+	got, _ := flag(c.Args, "attach-daemon-socket")
+	nodeHost, _ := hostPathOf(node, d, want)
+	daemonHost, _ := hostPathOf(spec, c, got)
+	if got == "" || nodeHost == "" || nodeHost != daemonHost || !strings.HasPrefix(nodeHost, w.stateDir+"/") {
+		t.Errorf("the node plugin asks for %s (%q on the host), the attach daemon listens on %s (%q on the host); want one socket below %s",
+			want, nodeHost, got, daemonHost, w.stateDir)
+	}
+	if nodeImage := d.Image; c.Image != nodeImage {
+		t.Errorf("attach daemon image %s, want the driver's %s", c.Image, nodeImage)
+	}
+	for _, p := range []string{"/dev", "/sys", "/lib/modules"} {
+		if host, ok := hostPathOf(spec, c, p); !ok || host != p {
+			t.Errorf("attach daemon's %s is %q on the host, want the host's", p, host)
+		}
+	}
+	checkSharedDirs(t, spec, c, w, "attach daemon")
 }
 
 // checkLiveness: the livenessprobe sidecar talks to the driver's socket and

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,6 +73,9 @@ func TestDriverAcceptsTheChartsArguments(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := mustTemplate(t, c.files, c.sets...)
 			for workload, spec := range podSpecs(t, r) {
+				if a := container(t, spec, "attachd"); a != nil {
+					attachDaemonAccepts(t, bin, a.Args)
+				}
 				d := container(t, spec, "spindle")
 				if d == nil {
 					continue
@@ -148,5 +152,56 @@ func TestSidecarsKnowTheirFlags(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// attachDaemonAccepts runs the attach daemon with the chart's arguments
+// (its socket in a temporary directory): it serves, and stops on SIGTERM
+// with exit status 0.
+func attachDaemonAccepts(t *testing.T, bin string, chartArgs []string) {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "attachd.sock")
+	var args []string
+	for _, a := range chartArgs {
+		if strings.HasPrefix(a, "--attach-daemon-socket=") {
+			a = "--attach-daemon-socket=" + socket
+		}
+		args = append(args, a)
+	}
+	cmd := exec.Command(bin, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(socket); err == nil {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("attach daemon %v exited before serving: %v\n%s", args, err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("attach daemon %v never made its socket:\n%s", args, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("attach daemon %v stopped with %v:\n%s", args, err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Errorf("attach daemon %v did not stop on SIGTERM", args)
 	}
 }

@@ -106,20 +106,40 @@ func checkMetrics(t *testing.T, r *rendering) {
 func TestDefaultsForOperators(t *testing.T) {
 	helm(t)
 	r := mustTemplate(t, nil)
-	wantPorts := map[string]int32{"controller": 9810, "node": 9808}
+	wantPorts := map[string]int32{"controller": 9810, "node": 9838}
+	wantHostNetwork := map[string]bool{"controller": false, "node": true}
 	wantPriority := map[string]string{"controller": "system-cluster-critical", "node": "system-node-critical"}
 	for component, tmpl := range workloads(t, r) {
 		if p := metricsPort(container(t, tmpl.Spec, "spindle")); p == nil || p.ContainerPort != wantPorts[component] {
 			t.Errorf("%s: metrics port %+v, want %d", component, p, wantPorts[component])
 		}
-		if tmpl.Spec.HostNetwork {
-			t.Errorf("%s runs in the host network by default", component)
+		if tmpl.Spec.HostNetwork != wantHostNetwork[component] {
+			t.Errorf("%s: hostNetwork %v by default, want %v", component, tmpl.Spec.HostNetwork, wantHostNetwork[component])
 		}
 		if tmpl.Spec.PriorityClassName != wantPriority[component] {
 			t.Errorf("%s: priorityClassName %q, want %s", component, tmpl.Spec.PriorityClassName, wantPriority[component])
 		}
 		if lp := container(t, tmpl.Spec, "liveness-probe"); lp == nil || len(lp.Ports) != 1 || lp.Ports[0].Name != "healthz" {
 			t.Errorf("%s: livenessprobe without its healthz port", component)
+		}
+	}
+	// On the host network every port of the node pods is the node's: each
+	// distinct, none the controller's (a controller in the host network on
+	// the same node), none livenessprobe's default 9808, which other CSI
+	// drivers' node plugins take there. Registration takes no port (a unix
+	// socket below kubelet's plugins_registry).
+	seen := map[int32]string{}
+	for component, tmpl := range workloads(t, r) {
+		for _, c := range tmpl.Spec.Containers {
+			for _, p := range c.Ports {
+				if other, dup := seen[p.ContainerPort]; dup {
+					t.Errorf("port %d of %s/%s is also %s's", p.ContainerPort, component, c.Name, other)
+				}
+				seen[p.ContainerPort] = component + "/" + c.Name
+				if p.ContainerPort == 9808 {
+					t.Errorf("%s/%s declares 9808, livenessprobe's default", component, c.Name)
+				}
+			}
 		}
 	}
 	for _, name := range []string{"spindle-controller-metrics", "spindle-node-metrics"} {

@@ -92,6 +92,10 @@ func Connect(t testing.TB, node string) *Cluster {
 	if err != nil {
 		t.Fatalf("kubeconfig %s: %v", kubeconfig, err)
 	}
+	// Subtests that run at once poll the API server every 250 ms each:
+	// client-go's default 5 requests a second made them wait on the
+	// client's own rate limiter until their deadlines passed.
+	cfg.QPS, cfg.Burst = 50, 100
 	c := &Cluster{
 		Kubeconfig: kubeconfig, Node: node, Config: cfg,
 		StorageClass:    envOr(EnvStorageClass, "spindle-ext4"),
@@ -293,11 +297,15 @@ type PodOptions struct {
 	Node  string // defaults to the cluster's node
 	Args  []string
 	Block bool // the claim is attached as a device at /dev/xvda
+	// HostPID: the pod sees and may signal the node's processes
+	// (privileged, in the host's PID namespace).
+	HostPID bool
 }
 
-// Pod starts a pod that mounts claim at /data (or gets it at /dev/xvda) and
-// runs the e2e image with args; hostNetwork, since the local cluster's own
-// node has no pod network that reaches beyond it (its worker guests do).
+// Pod starts a pod that mounts claim at /data (or gets it at /dev/xvda; no
+// volume when claim is "") and runs the e2e image with args; hostNetwork,
+// since the local cluster's own node has no pod network that reaches
+// beyond it (its worker guests do).
 func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev1.Pod {
 	t.Helper()
 	if o.Node == "" {
@@ -307,10 +315,22 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 		Name: "e2e", Image: c.PodImage, ImagePullPolicy: corev1.PullIfNotPresent, Args: o.Args,
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	}
-	if o.Block {
+	var volumes []corev1.Volume
+	switch {
+	case claim == "":
+	case o.Block:
 		container.VolumeDevices = []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}}
-	} else {
+	default:
 		container.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	}
+	if claim != "" {
+		volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+		}}}
+	}
+	if o.HostPID {
+		privileged := true
+		container.SecurityContext = &corev1.SecurityContext{Privileged: &privileged}
 	}
 	grace := int64(1)
 	noToken := false
@@ -322,10 +342,9 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: &grace,
 			AutomountServiceAccountToken:  &noToken,
+			HostPID:                       o.HostPID,
 			Containers:                    []corev1.Container{container},
-			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
-			}}},
+			Volumes:                       volumes,
 		},
 	}
 	created, err := c.Client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
@@ -340,8 +359,14 @@ func (c *Cluster) Pod(t testing.TB, ns, name, claim string, o PodOptions) *corev
 // termination message.
 func (c *Cluster) WaitPod(t testing.TB, ns, name string, phase corev1.PodPhase) *corev1.Pod {
 	t.Helper()
+	return c.WaitPodWithin(t, ns, name, phase, Timeout)
+}
+
+// WaitPodWithin is WaitPod for a pod that may take longer than Timeout.
+func (c *Cluster) WaitPodWithin(t testing.TB, ns, name string, phase corev1.PodPhase, timeout time.Duration) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
-	c.WaitFor(t, fmt.Sprintf("pod %s %s", name, phase), func(ctx context.Context) (bool, error) {
+	c.WaitForWithin(t, fmt.Sprintf("pod %s %s", name, phase), timeout, func(ctx context.Context) (bool, error) {
 		got, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err

@@ -22,7 +22,7 @@ import (
 const (
 	ChartNodePlugins  = "app.kubernetes.io/name=spindle,app.kubernetes.io/component=node"
 	ChartControllers  = "app.kubernetes.io/name=spindle,app.kubernetes.io/component=controller"
-	nodeMetricsPort   = 9808
+	nodeMetricsPort   = 9838
 	controllerMetrics = 9810
 )
 
@@ -139,7 +139,21 @@ func (c *Cluster) TryNodeVolumes(ctx context.Context, node string) (opsapi.NodeV
 	if err != nil {
 		return v, err
 	}
-	return v, c.proxyGet(ctx, pod, nodeMetricsPort, opsapi.PathVolumes, &v)
+	return v, c.proxyGet(ctx, pod, metricsPort(pod, nodeMetricsPort), opsapi.PathVolumes, &v)
+}
+
+// metricsPort is the port the pod's driver container declares as
+// "metrics", as kubectl-spindle finds it, else def: the node plugin's
+// moved from 9808 (chart 0.1.0) to 9838 when it took the host's network.
+func metricsPort(pod *corev1.Pod, def int) int {
+	for _, ct := range pod.Spec.Containers {
+		for _, p := range ct.Ports {
+			if p.Name == "metrics" && ct.Name == "spindle" {
+				return int(p.ContainerPort)
+			}
+		}
+	}
+	return def
 }
 
 // ControllerImages is the controller's view of every backend's images and
@@ -152,7 +166,8 @@ func (c *Cluster) ControllerImages(t testing.TB) opsapi.Images {
 	if c.controllerURL != "" {
 		err = directGet(context.Background(), strings.TrimSuffix(c.controllerURL, "/")+opsapi.PathImages, &v)
 	} else {
-		err = c.proxyGet(context.Background(), c.chartPod(t, ChartControllers, ""), controllerMetrics, opsapi.PathImages, &v)
+		pod := c.chartPod(t, ChartControllers, "")
+		err = c.proxyGet(context.Background(), pod, metricsPort(pod, controllerMetrics), opsapi.PathImages, &v)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -11,12 +11,22 @@
 // the pod proxy), so they run unchanged on any cluster with two workers and
 // the StorageClasses spindle-rbd, spindle-rbd-encrypted (encrypted: "true",
 // the built-in KMS's Secret as the node-stage Secret) and spindle-iscsi and
-// the VolumeSnapshotClass spindle-iscsi:
+// the VolumeSnapshotClass spindle-iscsi; the restart and upgrade tests
+// (restart_test.go) also use spindle-loop, spindle-rbd-nbd,
+// spindle-rbd-fuse and spindle-iscsi-userspace, and skip a mode whose
+// class is missing:
 //
 //	SPINDLE_E2E_CLUSTER_DIR  a directory with admin.kubeconfig
 //	SPINDLE_E2E_WORKERS      the two worker nodes' names, space-separated
+//	SPINDLE_HELM, SPINDLE_E2E_CHART, SPINDLE_E2E_HELM_VALUES
+//	                         helm, the chart and the values of release
+//	                         spindle in kube-system (TestHelmUpgradeKeepsIO)
+//	SPINDLE_E2E_PREVIOUS_CHART, SPINDLE_E2E_PREVIOUS_VALUES
+//	                         the previous release's chart and values, its
+//	                         driver image tagged "previous"
+//	                         (TestUpgradeFromPreviousChart)
 //
-// Without them every test skips, saying so.
+// Without them the tests skip, saying so.
 package multinode
 
 import (

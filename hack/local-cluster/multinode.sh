@@ -3,9 +3,12 @@
 # guests (hack/local-cluster/workers.sh: their own Debian kernels, so krbd and
 # the iSCSI kernel initiator run for real), Ceph and tgtd on this machine in
 # the guests' network (hack/vm/services.sh), Spindle installed from
-# charts/spindle with an RBD (krbd) and an iSCSI (kernel initiator, CHAP)
-# backend, then the multi-node tests (e2e/multinode). The workers get no
-# share of the iSCSI pool: like real nodes, they reach the target's portal.
+# charts/spindle with the chart's node defaults and a StorageClass per
+# attach mode (RBD: krbd, encrypted krbd, rbd-nbd, rbd-fuse; iSCSI with
+# CHAP: kernel initiator, userspace; loop), then the
+# multi-node tests (e2e/multinode). The workers get no share of the iSCSI
+# pools: like real nodes, they reach the target's portal; they mount the
+# loop pool (9p), the shared storage the loop backend needs.
 # Always tears it all down; a failed run's logs stay in
 # $CLUSTER_DIR.failed-multinode until the next run. Prints each phase's
 # time, the machine's peak memory in use and "N passed, M failed".
@@ -16,6 +19,7 @@
 #   hack/local-cluster/multinode.sh install (re)install the chart on it
 #   hack/local-cluster/multinode.sh down    stop it all
 #   TESTS=REGEXP (optional): only the tests go test -run REGEXP selects
+#   SKIP=REGEXP (optional): not the tests go test -skip REGEXP leaves out
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/local-cluster/env.sh
@@ -25,6 +29,17 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 export CLUSTER_DIR
 SERVICES=$CLUSTER_DIR/services
 ISCSI_POOL=$CLUSTER_DIR/iscsi-pool
+ISCSI_USER_POOL=$CLUSTER_DIR/iscsi-pool-userspace
+# The loop backend's pool: the controller's here, the workers' over 9p at
+# the same path (a shared filesystem, as the loop backend needs).
+LOOP_POOL=$CLUSTER_DIR/loop-pool
+# The previous release, chart 0.1.0 and its driver: main as it was last
+# before chart 0.2.0 (attach daemon, host network by default).
+# TestUpgradeFromPreviousChart moves the release there and upgrades it
+# back with volumes in use. Built from this commit of the repository's
+# history; without it (a shallow clone) that test skips.
+PREVIOUS_RELEASE=${PREVIOUS_RELEASE:-45c383febf2fba127acd3839280c88eeb759ccb1}
+PREVIOUS_SRC=$CLUSTER_DIR/previous-release
 WORKER_NAMES=()
 for ((i = 1; i <= ${WORKERS:-2}; i++)); do WORKER_NAMES+=("spindle-worker-$i"); done
 cd "$REPO" || exit 1
@@ -45,9 +60,28 @@ memory_sampler() {
   done
 }
 
+# rbd_class NAME SECRET [PARAMETER...]: the values of a StorageClass NAME
+# on backend rbd/ceph, ext4, its CSI secrets SECRET's, with more
+# parameters ("key: value": a mounter other than the backend's krbd, as
+# ceph-csi's classes name one, or encryption).
+rbd_class() {
+  local name=$1 secret=$2 p op
+  shift 2
+  printf '  - name: %s\n    parameters:\n      backend: rbd/ceph\n      csi.storage.k8s.io/fstype: ext4\n' "$name"
+  for p in "$@"; do printf '      %s\n' "$p"; done
+  for op in provisioner controller-publish node-stage controller-expand; do
+    printf '      csi.storage.k8s.io/%s-secret-name: %s\n' "$op" "$secret"
+    printf '      csi.storage.k8s.io/%s-secret-namespace: kube-system\n' "$op"
+  done
+  printf '    allowVolumeExpansion: true\n'
+}
+
 # install_chart: Spindle from charts/spindle, the controller on this
 # machine's node, the node plugin on the workers; waits for both workers'
-# registrations.
+# registrations. The node plugin runs with the chart's defaults (host
+# network, the host's kernel paths, the attach daemon); a StorageClass per
+# attach mode (rbd-nbd and rbd-fuse are classes of the krbd backend with
+# ceph-csi's mounter parameter).
 install_chart() {
   # shellcheck source=/dev/null
   . "$SERVICES/services.env"
@@ -67,13 +101,53 @@ install_chart() {
     kubectl -n kube-system create secret generic spindle-ceph-encrypted --from-literal=userID="$CEPH_USER" \
       --from-literal=userKey="$CEPH_KEY" --from-literal=encryptionPassphrase="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >/dev/null
   VALUES=$CLUSTER_DIR/multinode-values.yaml
-  cat >"$VALUES" <<YAML
+  # The chart's node defaults: no hostNetwork, no host directories here.
+  # The node plugin registers itself (no node-driver-registrar image here).
+  write_values "$VALUES" dev 'node:
+  registration: driver
+  nodeSelector: {spindle.csi.dev/worker: "true"}'
+  # Chart 0.1.0's node plugin ran in the pod network by default, and the
+  # kernel paths needed the host's directories by hand: these are the
+  # values make e2e-multinode gave it.
+  write_values "$CLUSTER_DIR/previous-values.yaml" previous 'node:
+  hostNetwork: true
+  registration: driver
+  nodeSelector: {spindle.csi.dev/worker: "true"}
+  extraVolumes:
+    - name: lib-modules
+      hostPath: {path: /lib/modules, type: Directory}
+    - name: etc-iscsi
+      hostPath: {path: /etc/iscsi, type: Directory}
+    - name: iscsi-lock
+      hostPath: {path: /run/lock/iscsi, type: DirectoryOrCreate}
+    - name: iscsi-state
+      hostPath: {path: /run/spindle/iscsi, type: DirectoryOrCreate}
+  extraVolumeMounts:
+    - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
+    - {name: etc-iscsi, mountPath: /etc/iscsi}
+    - {name: iscsi-lock, mountPath: /run/lock/iscsi}
+    - {name: iscsi-state, mountPath: /run/spindle/iscsi, mountPropagation: Bidirectional}'
+  "$("$REPO/hack/helm.sh")" upgrade --install spindle "$REPO/charts/spindle" --namespace kube-system -f "$VALUES" \
+    --wait --timeout 5m >/dev/null || return 1
+  local w
+  for w in "${WORKER_NAMES[@]}"; do
+    for _ in $(seq 1 240); do registered_on "$w" && continue 2; sleep 0.5; done
+    echo "multinode: the node plugin did not register on $w" >&2
+    return 1
+  done
+}
+
+# write_values FILE TAG NODE: the release's values, with the driver image
+# local.test/spindle:TAG and NODE as the node section.
+write_values() {
+  local tag=$2 node=$3
+  cat >"$1" <<YAML
 # Generated by hack/local-cluster/multinode.sh: the controller on this
 # machine's node, the node plugin on the guest workers.
 imagePullPolicy: Never
 apiServer: {host: $VM_UPLINK_HOST_IP, port: 6443}
 driver:
-  image: {repository: local.test/spindle, tag: dev}
+  image: {repository: local.test/spindle, tag: $tag}
   metrics: {bindAddress: ""}
   # Every command the driver runs, with its time: the tests read the
   # fencing timeline (ceph osd blocklist add) from the controller's log.
@@ -102,6 +176,21 @@ config:
         initiatorPrefix: iqn.2026-01.dev.spindle.node
         attachMode: kernel
         stateDir: /run/spindle/iscsi
+    - type: iscsi
+      name: tgt-user
+      iscsi:
+        poolDir: $ISCSI_USER_POOL
+        portals: ["$TGT_PORTAL"]
+        targetTool: tgt
+        tgtControlSocket: $TGT_SOCKET
+        targetPrefix: iqn.2026-01.dev.spindle.user
+        initiatorPrefix: iqn.2026-01.dev.spindle.user-node
+        attachMode: userspace
+        stateDir: /run/spindle/iscsi-user
+    - type: loop
+      name: shared
+      loop:
+        poolDir: $LOOP_POOL
 controller:
   hostNetwork: true
   nodeSelector: {kubernetes.io/hostname: $NODE}
@@ -113,24 +202,7 @@ controller:
   extraVolumeMounts:
     - {name: ceph-key, mountPath: /etc/spindle/ceph, readOnly: true}
     - {name: tgtd, mountPath: $(dirname "$TGT_SOCKET")}
-node:
-  hostNetwork: true
-  registration: driver
-  nodeSelector: {spindle.csi.dev/worker: "true"}
-  extraVolumes:
-    - name: lib-modules
-      hostPath: {path: /lib/modules, type: Directory}
-    - name: etc-iscsi
-      hostPath: {path: /etc/iscsi, type: Directory}
-    - name: iscsi-lock
-      hostPath: {path: /run/lock/iscsi, type: DirectoryOrCreate}
-    - name: iscsi-state
-      hostPath: {path: /run/spindle/iscsi, type: DirectoryOrCreate}
-  extraVolumeMounts:
-    - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
-    - {name: etc-iscsi, mountPath: /etc/iscsi}
-    - {name: iscsi-lock, mountPath: /run/lock/iscsi}
-    - {name: iscsi-state, mountPath: /run/spindle/iscsi, mountPropagation: Bidirectional}
+$node
 sidecars:
   provisioner: {image: {repository: local.test/csi-provisioner, tag: v6.3.0}}
   attacher: {image: {repository: local.test/csi-attacher, tag: v4.13.0}}
@@ -143,33 +215,10 @@ snapshotController:
   hostNetwork: true
   image: {repository: local.test/snapshot-controller, tag: v8.7.0}
 storageClasses:
-  - name: spindle-rbd
-    parameters:
-      backend: rbd/ceph
-      csi.storage.k8s.io/fstype: ext4
-      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph
-      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
-      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph
-      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph
-      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
-    allowVolumeExpansion: true
-  - name: spindle-rbd-encrypted
-    parameters:
-      backend: rbd/ceph
-      csi.storage.k8s.io/fstype: ext4
-      encrypted: "true"
-      csi.storage.k8s.io/provisioner-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/provisioner-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-publish-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
-      csi.storage.k8s.io/node-stage-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
-      csi.storage.k8s.io/controller-expand-secret-name: spindle-ceph-encrypted
-      csi.storage.k8s.io/controller-expand-secret-namespace: kube-system
-    allowVolumeExpansion: true
+$(rbd_class spindle-rbd spindle-ceph)
+$(rbd_class spindle-rbd-encrypted spindle-ceph-encrypted 'encrypted: "true"')
+$(rbd_class spindle-rbd-nbd spindle-ceph 'mounter: rbd-nbd')
+$(rbd_class spindle-rbd-fuse spindle-ceph 'mounter: rbd-fuse')
   - name: spindle-iscsi
     parameters:
       backend: iscsi/tgt
@@ -179,19 +228,25 @@ storageClasses:
       csi.storage.k8s.io/node-stage-secret-name: spindle-iscsi-chap
       csi.storage.k8s.io/node-stage-secret-namespace: kube-system
     allowVolumeExpansion: true
+  - name: spindle-iscsi-userspace
+    parameters:
+      backend: iscsi/tgt-user
+      csi.storage.k8s.io/fstype: ext4
+      csi.storage.k8s.io/controller-publish-secret-name: spindle-iscsi-chap
+      csi.storage.k8s.io/controller-publish-secret-namespace: kube-system
+      csi.storage.k8s.io/node-stage-secret-name: spindle-iscsi-chap
+      csi.storage.k8s.io/node-stage-secret-namespace: kube-system
+    allowVolumeExpansion: true
+  - name: spindle-loop
+    parameters:
+      backend: loop/shared
+      csi.storage.k8s.io/fstype: ext4
+    allowVolumeExpansion: true
 # iSCSI snapshots need no credentials.
 volumeSnapshotClasses:
   - name: spindle-iscsi
     deletionPolicy: Delete
 YAML
-  "$("$REPO/hack/helm.sh")" upgrade --install spindle "$REPO/charts/spindle" --namespace kube-system -f "$VALUES" \
-    --wait --timeout 5m >/dev/null || return 1
-  local w
-  for w in "${WORKER_NAMES[@]}"; do
-    for _ in $(seq 1 240); do registered_on "$w" && return 0; sleep 0.5; done
-    echo "multinode: the node plugin did not register on $w" >&2
-    return 1
-  done
 }
 
 registered_on() {
@@ -222,15 +277,36 @@ up() {
   # image, the tests' pods and PostgreSQL; this machine's node runs the
   # database's clients.
   ln -f "$images/spindle.tar" "$CLUSTER_DIR/images/spindle.tar"
+  # The same build under another tag: TestHelmUpgradeKeepsIO upgrades to it
+  # (driver.image.tag), the workers' node plugins and this machine's
+  # controller alike, so both get it.
+  TAG=upgrade IMAGES_DIR=$CLUSTER_DIR/images/upgrade "$REPO/hack/images.sh" driver >/dev/null || fail "assembling the upgrade image failed"
+  ln -f "$CLUSTER_DIR/images/upgrade/spindle.tar" "$CLUSTER_DIR/images/spindle-upgrade.tar"
+  ctr -n k8s.io images import "$CLUSTER_DIR/images/spindle-upgrade.tar" >/dev/null
+  # The previous release's chart and driver image, from its commit.
+  rm -rf "$PREVIOUS_SRC"
+  if git -C "$REPO" cat-file -e "$PREVIOUS_RELEASE^{commit}" 2>/dev/null; then
+    mkdir -p "$PREVIOUS_SRC"
+    git -C "$REPO" archive "$PREVIOUS_RELEASE" | tar -x -C "$PREVIOUS_SRC" || fail "extracting the previous release $PREVIOUS_RELEASE failed"
+    TAG=previous VERSION=${PREVIOUS_RELEASE:0:12} IMAGES_DIR=$CLUSTER_DIR/images/previous "$PREVIOUS_SRC/hack/images.sh" driver >/dev/null ||
+      fail "assembling the previous release's driver image failed"
+    ln -f "$CLUSTER_DIR/images/previous/spindle.tar" "$CLUSTER_DIR/images/spindle-previous.tar"
+    ctr -n k8s.io images import "$CLUSTER_DIR/images/spindle-previous.tar" >/dev/null
+  else
+    echo "multinode: the previous release's commit $PREVIOUS_RELEASE is not in this clone: TestUpgradeFromPreviousChart will skip"
+  fi
   IMAGES_DIR=$CLUSTER_DIR/images "$REPO/hack/images.sh" postgres >/dev/null || fail "assembling the PostgreSQL image failed"
   ctr -n k8s.io images import "$CLUSTER_DIR/images/postgres.tar" >/dev/null
   phase images $((SECONDS - t))
 
   t=$SECONDS
-  # The workers get no share of the iSCSI pool ($ISCSI_POOL, the
-  # controller's, on this machine): a node has the target's portal, the
-  # publish_context and the CHAP secret, as a real node does.
-  "$HERE/workers.sh" up "${#WORKER_NAMES[@]}" || fail "the workers did not join"
+  # The workers get no share of the iSCSI pools ($ISCSI_POOL and
+  # $ISCSI_USER_POOL, the controller's, on this machine): a node has the
+  # target's portal, the publish_context and the CHAP secret, as a real
+  # node does. The loop pool is shared storage (the loop backend binds its
+  # image files on the nodes), so the workers mount it.
+  mkdir -p "$LOOP_POOL"
+  WORKER_SHARED_DIRS=$LOOP_POOL "$HERE/workers.sh" up "${#WORKER_NAMES[@]}" || fail "the workers did not join"
   phase workers $((SECONDS - t))
 
   t=$SECONDS
@@ -239,7 +315,9 @@ up() {
 }
 
 TEST_ENV=(SPINDLE_E2E_CLUSTER_DIR="$CLUSTER_DIR" SPINDLE_E2E_WORKERS="${WORKER_NAMES[*]}"
-  SPINDLE_E2E_WORKERS_SCRIPT="$HERE/workers.sh")
+  SPINDLE_E2E_WORKERS_SCRIPT="$HERE/workers.sh" SPINDLE_HELM="$("$REPO/hack/helm.sh")"
+  SPINDLE_E2E_CHART="$REPO/charts/spindle" SPINDLE_E2E_HELM_VALUES="$CLUSTER_DIR/multinode-values.yaml"
+  SPINDLE_E2E_PREVIOUS_CHART="$PREVIOUS_SRC/charts/spindle" SPINDLE_E2E_PREVIOUS_VALUES="$CLUSTER_DIR/previous-values.yaml")
 
 case ${1:-all} in
 down) down; exit 0 ;;
@@ -259,7 +337,7 @@ down # what a killed run left behind
 rm -rf "$CLUSTER_DIR".failed-*
 if [ "${1:-all}" = up ]; then
   up
-  echo "multinode: up; KUBECONFIG=$KUBECONFIG ${TEST_ENV[*]} go test ./e2e/multinode/"
+  echo "multinode: up; KUBECONFIG=$KUBECONFIG ${TEST_ENV[*]} go test -parallel 16 ./e2e/multinode/"
   exit 0
 fi
 memory=$(mktemp)
@@ -270,7 +348,7 @@ up
 
 t=$SECONDS
 out=$(mktemp)
-env "${TEST_ENV[@]}" go test -count=1 -v -timeout 90m ${TESTS:+-run "$TESTS"} ./e2e/multinode/ 2>&1 | tee "$out"
+env "${TEST_ENV[@]}" go test -count=1 -v -parallel 16 -timeout 150m ${TESTS:+-run "$TESTS"} ${SKIP:+-skip "$SKIP"} ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
 read -r peak qpeak <"$memory"
 echo "multinode: peak memory in use on this machine: $peak MiB, of which the workers' qemu: $qpeak MiB"

@@ -208,6 +208,14 @@ if ! findmnt -n "$KUBELET_DIR" >/dev/null; then
   mount --bind "$KUBELET_DIR" "$KUBELET_DIR"
 fi
 mount --make-rshared "$KUBELET_DIR"
+# So is the chart's node state directory (examples/local-cluster.yaml:
+# nodeStateDir), which the node plugin and the attach daemon share with
+# Bidirectional propagation.
+mkdir -p "$CLUSTER_DIR/node-state"
+if ! findmnt -n "$CLUSTER_DIR/node-state" >/dev/null; then
+  mount --bind "$CLUSTER_DIR/node-state" "$CLUSTER_DIR/node-state"
+fi
+mount --make-rshared "$CLUSTER_DIR/node-state"
 
 kubectl apply -f "$CACHE/crds" >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/volumesnapshots.snapshot.storage.k8s.io \

@@ -5,7 +5,8 @@
 # host asks it to stop (hack/local-cluster/workers.sh down) or kills it.
 #
 # The share (workers.sh writes it) holds:
-#   node.env   NODE_NAME NODE_IP GATEWAY POD_SUBNET APISERVER
+#   node.env   NODE_NAME NODE_IP GATEWAY POD_SUBNET APISERVER, SHARED_DIRS
+#              ("TAG=DIR ...": the host's directories to mount at DIR)
 #   bin/       kubelet, containerd, containerd-shim-runc-v2, runc, ctr
 #   cni/       the CNI plugins (bridge, host-local, loopback)
 #   pki/       ca.crt, the node's client certificate (system:node:NAME) and
@@ -40,6 +41,12 @@ ip route replace default via "$GATEWAY"
 sysctl -qw net.ipv4.ip_forward=1
 modprobe -q overlay
 modprobe -q br_netfilter || true
+
+# --- shared storage: the host's directories over 9p, at the same paths.
+for spec in ${SHARED_DIRS:-}; do
+  mkdir -p "${spec#*=}"
+  mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 "${spec%%=*}" "${spec#*=}"
+done
 
 # --- the node's disk: formatted once (never when it holds any signature).
 DATA=/var/lib/spindle-node

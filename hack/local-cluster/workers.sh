@@ -42,6 +42,10 @@ WORKERS=${WORKERS:-2}
 WORKER_MEM=${WORKER_MEM:-1536}
 WORKER_SMP=${WORKER_SMP:-2}
 WORKER_DISK=${WORKER_DISK:-8G}
+# WORKER_SHARED_DIRS: directories of this machine every worker mounts at the
+# same path (9p), as shared storage would be, e.g. a loop pool (an iSCSI
+# node needs no share of its pool: it reaches the target's portal).
+WORKER_SHARED_DIRS=${WORKER_SHARED_DIRS:-}
 JOIN_TIMEOUT=${JOIN_TIMEOUT:-600}
 W=$CLUSTER_DIR/workers
 P=$CLUSTER_DIR/pki
@@ -86,6 +90,13 @@ network_up() {
   fi
 }
 
+# shared_specs: WORKER_SHARED_DIRS as run.sh's VM_EXTRA_SHARES (TAG=DIR).
+shared_specs() {
+  local k=0 dir specs=()
+  for dir in $WORKER_SHARED_DIRS; do specs+=("shared$k=$dir"); k=$((k + 1)); done
+  echo "${specs[*]}"
+}
+
 # prepare I: the worker's certificates, share and disk (kept if present).
 prepare() {
   local i=$1 name ip d s
@@ -126,6 +137,7 @@ NODE_IP=$ip
 GATEWAY=$VM_HOST_IP
 POD_SUBNET=$(worker_subnet "$i")
 APISERVER=https://$VM_UPLINK_HOST_IP:6443
+SHARED_DIRS="$(shared_specs)"
 ENV
   [ -e "$d/disk.img" ] || truncate -s "$WORKER_DISK" "$d/disk.img"
   # Routes: this machine -> the worker's pods via the namespace, the
@@ -141,7 +153,7 @@ boot() {
   [ -z "$(runner_pid "$name")" ] || { echo "workers: $name is already running"; return 0; }
   rm -f "$d/share/stop"
   date +%s.%N >"$d/boot.started"
-  VM_ID=$i VM_DISK=$d/disk.img MEM=$WORKER_MEM SMP=$WORKER_SMP TIMEOUT=${WORKER_TIMEOUT:-86400} \
+  VM_ID=$i VM_DISK=$d/disk.img VM_EXTRA_SHARES="$(shared_specs)" MEM=$WORKER_MEM SMP=$WORKER_SMP TIMEOUT=${WORKER_TIMEOUT:-86400} \
     setsid "$REPO/hack/vm/run.sh" "$d/share" >"$LOGS/worker-$name.log" 2>&1 </dev/null &
   echo $! >"$d/run.pid"
 }
@@ -181,6 +193,9 @@ up)
   kubectl get --raw /readyz >/dev/null 2>&1 || die "the local cluster is not running (hack/local-cluster/up.sh)"
   [ -s "$GUEST_DIR/rootfs.img" ] || "$REPO/hack/vm/build.sh"
   network_up
+  # Recorded for `start`: a worker booted again mounts the same ones.
+  mkdir -p "$W"
+  echo "$WORKER_SHARED_DIRS" >"$W/shared-dirs"
   booted=()
   for ((i = 1; i <= n; i++)); do
     if [ -n "$(runner_pid "$(worker_name "$i")")" ]; then continue; fi
@@ -197,6 +212,7 @@ up)
   ;;
 start)
   name=${2:?usage: $0 start NAME}
+  [ -n "$WORKER_SHARED_DIRS" ] || WORKER_SHARED_DIRS=$(cat "$W/shared-dirs" 2>/dev/null || true)
   network_up
   prepare "$(worker_index "$name")"
   boot "$(worker_index "$name")"

@@ -55,6 +55,32 @@ type ExecRequest struct {
 	TimeoutMillis int64 `json:"timeoutMillis"`
 }
 
+// Health is the daemon's answer to GET /healthz.
+type Health struct {
+	// PIDNamespace is the daemon's PID namespace ("pid:[4026531836]"): a
+	// node plugin must share it to find the daemons' processes in /proc.
+	PIDNamespace string `json:"pidNamespace"`
+	// Missing lists the Programs the daemon cannot find in its PATH.
+	Missing []string `json:"missing,omitempty"`
+}
+
+// pidNamespace names the PID namespace of this process.
+func pidNamespace() string {
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return ns
+}
+
+func (s *Server) serveHealth(w http.ResponseWriter, _ *http.Request) {
+	h := Health{PIDNamespace: pidNamespace()}
+	for _, p := range Programs {
+		if _, err := exec.LookPath(p); err != nil {
+			h.Missing = append(h.Missing, p)
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(h)
+}
+
 // ExecResponse is how it ended.
 type ExecResponse struct {
 	Stdout   []byte `json:"stdout"`
@@ -91,7 +117,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+pathExec, s.serveExec)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /healthz", s.serveHealth)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()
@@ -122,7 +148,12 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	if timeout <= 0 || timeout > 30*time.Minute {
 		timeout = 2 * time.Minute
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	// The command runs to its end (or its deadline) even when the node
+	// plugin that asked is gone, killed in the middle of a stage: a daemon
+	// killed half-way through its start leaves kernel state behind (an nbd
+	// device without its server, a FUSE mount without its daemon) that the
+	// retried stage would trip over.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), timeout)
 	defer cancel()
 	resp := s.run(ctx, req)
 	w.Header().Set("Content-Type", "application/json")

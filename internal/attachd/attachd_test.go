@@ -2,7 +2,10 @@ package attachd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -101,5 +104,71 @@ func TestDaemonsOutliveTheRequest(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 	if err := syscall.Kill(pid, 0); err != nil {
 		t.Fatalf("the daemon %d is gone after its request: %v", pid, err)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	c := serveClient(t, "sh", "spindle-no-such-program")
+	ctx := context.Background()
+	if err := c.Check(ctx); err != nil {
+		t.Fatalf("Check() of a daemon in this PID namespace = %v", err)
+	}
+	if err := c.Check(ctx, "sh"); err != nil {
+		t.Fatalf("Check(sh) = %v", err)
+	}
+	for _, p := range []string{"spindle-no-such-program", "rm"} {
+		err := c.Check(ctx, "sh", p)
+		if err == nil || !strings.Contains(err.Error(), "cannot run "+p) {
+			t.Errorf("Check(sh, %s) = %v, want it to name %s as what the daemon cannot run", p, err, p)
+		}
+	}
+	if got, want := c.Dir(), filepath.Dir(c.socket); got != want {
+		t.Errorf("Dir() = %q, want the socket's directory %q", got, want)
+	}
+}
+
+// A daemon that does not share the node plugin's PID namespace, or that is
+// not there, is reported as such.
+func TestCheckRefuses(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "attachd.sock")
+	c := NewClient(socket)
+	if err := c.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "does not answer") {
+		t.Fatalf("Check() without a daemon = %v, want \"does not answer\"", err)
+	}
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(Health{PIDNamespace: "pid:[1]"})
+	})}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	err = c.Check(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "another PID namespace (pid:[1])") || !strings.Contains(err.Error(), "hostPID") {
+		t.Fatalf("Check() of a daemon in another PID namespace = %v", err)
+	}
+}
+
+// A command runs to its end when the node plugin that asked for it goes
+// away in the middle: a daemon is never killed half-way through its start.
+func TestCommandOutlivesItsClient(t *testing.T) {
+	run := serve(t)
+	done := filepath.Join(t.TempDir(), "done")
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(200 * time.Millisecond); cancel() }()
+	_, err := run.Run(ctx, "sh", "-c", "sleep 1; echo started > "+done)
+	if err == nil {
+		t.Fatal("the cancelled request reported success")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, err := os.ReadFile(done); err == nil && string(b) == "started\n" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command stopped when its client went away")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

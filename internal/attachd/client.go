@@ -8,10 +8,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	utilexec "k8s.io/utils/exec"
+
+	"github.com/spindle-csi/spindle/internal/command"
 )
 
 // Client runs commands in the attach daemon: a k8s.io/utils/exec
@@ -35,8 +39,23 @@ func NewClient(socket string) *Client {
 	}}}
 }
 
+var _ command.DaemonHost = (*Client)(nil)
+
 // Healthy reports whether the daemon answers.
-func (c *Client) Healthy(ctx context.Context) error {
+func (c *Client) Healthy(ctx context.Context) error { return c.Check(ctx) }
+
+// healthTimeout bounds a health check that has no deadline of its own: a
+// daemon that does not answer in it is reported, not waited for.
+const healthTimeout = 5 * time.Second
+
+// Check reports whether the daemon answers, has programs, and runs in
+// this process's PID namespace.
+func (c *Client) Check(ctx context.Context, programs ...string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, healthTimeout)
+		defer cancel()
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://attachd/healthz", nil)
 	if err != nil {
 		return err
@@ -45,12 +64,32 @@ func (c *Client) Healthy(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the attach daemon at %s does not answer: %w", c.socket, err)
 	}
-	resp.Body.Close()
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("the attach daemon at %s answers %s", c.socket, resp.Status)
 	}
+	var h Health
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRequest)).Decode(&h); err != nil {
+		return fmt.Errorf("the attach daemon at %s answers its health check with something else than its JSON: %w", c.socket, err)
+	}
+	if own := pidNamespace(); h.PIDNamespace != "" && own != "" && h.PIDNamespace != own {
+		return fmt.Errorf("the attach daemon at %s runs in another PID namespace (%s) than this node plugin (%s): both need the host's (hostPID), for the node plugin finds, signals and waits for the volumes' daemons in /proc", c.socket, h.PIDNamespace, own)
+	}
+	var missing []string
+	for _, p := range programs {
+		if slices.Contains(h.Missing, p) || !slices.Contains(Programs, p) {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the attach daemon at %s cannot run %s: not in its image", c.socket, strings.Join(missing, ", "))
+	}
 	return nil
 }
+
+// Dir is the socket's directory: the daemon sees it at the same path, so
+// files its programs read (rbd-fuse's key file) are written there.
+func (c *Client) Dir() string { return filepath.Dir(c.socket) }
 
 func (c *Client) Command(name string, args ...string) utilexec.Cmd {
 	return c.CommandContext(context.Background(), name, args...)

@@ -37,6 +37,11 @@ type FakeLoopDevices struct {
 	// Shown are devices whose backing file sysfs shows from a mount that
 	// is gone: the file each is really bound to (ShowFromGoneMount).
 	Shown map[string]string
+	// Unanswered counts, per device shown from a gone mount, the next
+	// Resolves that find its file unreadable (false), as a FUSE daemon that
+	// answers a stat with ENOENT when it cannot reach its backend makes
+	// them (rbd-fuse).
+	Unanswered map[string]int
 }
 
 // ShowFromGoneMount makes dev's backing file show as the kernel shows it
@@ -56,6 +61,26 @@ func (f *FakeLoopDevices) ShowFromGoneMount(dev string) {
 	d.BackingFile = "/" + filepath.Base(d.BackingFile)
 }
 
+// ShowDeleted makes dev's backing file show "(deleted)" although the file
+// is there, as the kernel shows it once a FUSE daemon answered a lookup of
+// the file with ENOENT (rbd-fuse when it cannot open its image): Resolve
+// still finds the file by device and inode.
+func (f *FakeLoopDevices) ShowDeleted(dev string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.Devices[dev]
+	if !ok {
+		return
+	}
+	if f.Shown == nil {
+		f.Shown = map[string]string{}
+	}
+	if _, gone := f.Shown[dev]; !gone {
+		f.Shown[dev] = d.BackingFile
+	}
+	d.Deleted = true
+}
+
 // Resolve implements LoopDevices: the path, or the file a device shown
 // from a gone mount is really bound to.
 func (f *FakeLoopDevices) Resolve(d *LoopDevice, file string) (bool, error) {
@@ -69,6 +94,10 @@ func (f *FakeLoopDevices) resolveLocked(d *LoopDevice, file string) bool {
 		return true
 	}
 	if f.Shown[d.Path] != file || !endsWithPath(file, d.BackingFile) {
+		return false
+	}
+	if f.Unanswered[d.Path] > 0 {
+		f.Unanswered[d.Path]--
 		return false
 	}
 	d.BackingFile = file

@@ -56,17 +56,33 @@ type Runner struct {
 	exec    utilexec.Interface
 	env     []string
 	observe func(Observation)
-	// daemons runs the commands that leave a daemon behind; nil: this one.
+	// daemons runs the commands that leave a daemon behind, on host;
+	// nil: this runner.
 	daemons *Runner
+	host    DaemonHost
 }
 
-// WithDaemons returns a runner like r whose Daemons is d: the commands
-// that start a process serving an attached volume (rbd-fuse, rbd-nbd map,
-// qemu-storage-daemon) run there, in the attach daemon (internal/attachd),
-// so that they outlive the node plugin.
-func (r *Runner) WithDaemons(d *Runner) *Runner {
+// DaemonHost is where the daemons serving attached volumes run when that
+// is not this process: the attach daemon (internal/attachd), in a pod of
+// its own that outlives the node plugin's restarts.
+type DaemonHost interface {
+	// Check reports whether the host answers, can run every one of
+	// programs, and sees this process's PID namespace (the node plugin
+	// finds, signals and waits for the daemons' processes in /proc).
+	Check(ctx context.Context, programs ...string) error
+	// Dir is a directory the host's programs see at the same path as
+	// this process: what a daemon reads after it starts (a key file) is
+	// written there.
+	Dir() string
+}
+
+// WithDaemons returns a runner like r whose Daemons is d, running on host:
+// the commands that start a process serving an attached volume (rbd-fuse,
+// rbd-nbd map, qemu-storage-daemon) run there, in the attach daemon, so
+// that they outlive the node plugin.
+func (r *Runner) WithDaemons(d *Runner, host DaemonHost) *Runner {
 	c := *r
-	c.daemons = d
+	c.daemons, c.host = d, host
 	return &c
 }
 
@@ -77,6 +93,34 @@ func (r *Runner) Daemons() *Runner {
 		return r.daemons
 	}
 	return r
+}
+
+// CheckDaemons reports whether Daemons can run programs now: the attach
+// daemon answers and has them or, without one, they are on this process's
+// PATH. A missing program is an error naming it.
+func (r *Runner) CheckDaemons(ctx context.Context, programs ...string) error {
+	if r.host != nil {
+		return r.host.Check(ctx, programs...)
+	}
+	var missing []string
+	for _, p := range programs {
+		if _, err := r.exec.LookPath(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%s not found in PATH", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// DaemonsDir is a directory that the programs Daemons runs see at the same
+// path as this process ("" when they run here: any directory will do).
+func (r *Runner) DaemonsDir() string {
+	if r.host != nil {
+		return r.host.Dir()
+	}
+	return ""
 }
 
 // New returns a Runner on top of e (utilexec.New() in production, a

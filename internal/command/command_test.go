@@ -149,3 +149,44 @@ func TestArgumentListTooLong(t *testing.T) {
 		t.Fatalf("4 MB of arguments = %v, want E2BIG", err)
 	}
 }
+
+// fakeDaemonHost is an attach daemon as the runner sees it.
+type fakeDaemonHost struct {
+	dir     string
+	checked []string
+	err     error
+}
+
+func (h *fakeDaemonHost) Check(_ context.Context, programs ...string) error {
+	h.checked = append(h.checked, programs...)
+	return h.err
+}
+func (h *fakeDaemonHost) Dir() string { return h.dir }
+
+func TestDaemons(t *testing.T) {
+	ctx := context.Background()
+	local := command.New(utilexec.New(), nil)
+	if local.Daemons() != local || local.DaemonsDir() != "" {
+		t.Fatalf("a runner without an attach daemon runs its daemons itself: Daemons %p (runner %p), DaemonsDir %q", local.Daemons(), local, local.DaemonsDir())
+	}
+	if err := local.CheckDaemons(ctx, "sh"); err != nil {
+		t.Errorf("CheckDaemons(sh) here = %v", err)
+	}
+	if err := local.CheckDaemons(ctx, "sh", "spindle-no-such-program"); err == nil || !strings.Contains(err.Error(), "spindle-no-such-program not found") {
+		t.Errorf("CheckDaemons of a missing program = %v, want it named", err)
+	}
+
+	host := &fakeDaemonHost{dir: "/run/spindle/attachd"}
+	remote := command.New(utilexec.New(), nil)
+	r := local.WithDaemons(remote, host)
+	if r.Daemons() != remote || r.DaemonsDir() != host.dir || local.Daemons() != local {
+		t.Fatalf("WithDaemons: Daemons %p (want %p), DaemonsDir %q; the original runner changed: %v", r.Daemons(), remote, r.DaemonsDir(), local.Daemons() != local)
+	}
+	if err := r.CheckDaemons(ctx, "rbd-fuse"); err != nil || len(host.checked) != 1 || host.checked[0] != "rbd-fuse" {
+		t.Errorf("CheckDaemons asked the host about %v: %v", host.checked, err)
+	}
+	host.err = errors.New("the attach daemon does not answer")
+	if err := r.CheckDaemons(ctx, "rbd-fuse"); !errors.Is(err, host.err) {
+		t.Errorf("CheckDaemons = %v, want the host's answer", err)
+	}
+}

@@ -329,6 +329,10 @@ func TestLoadFileRejectsRBD(t *testing.T) {
 			[]string{"backends[0].rbd.hardMaxCloneDepth", "above maxCloneDepth (6)"}},
 		{"hard clone depth beyond krbd's chain", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], hardMaxCloneDepth: 16}}\n",
 			[]string{"backends[0].rbd.hardMaxCloneDepth", "at most 15"}},
+		{"negative Ceph client slots", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], maxConcurrentCalls: -1}}\n",
+			[]string{"backends[0].rbd.maxConcurrentCalls", "between 1 and 256"}},
+		{"too many Ceph client slots", "backends:\n  - {type: rbd, name: a, rbd: {clusterID: c, pool: p, monitors: [m:1], maxConcurrentCalls: 257}}\n",
+			[]string{"backends[0].rbd.maxConcurrentCalls", "between 1 and 256"}},
 		{"section of another type", "backends:\n  - {type: loop, name: a, loop: {poolDir: /p}, rbd: {clusterID: c, pool: p, monitors: [m:1]}}\n", []string{"backends[0]", "does not belong to type"}},
 	}
 	for _, tt := range tests {

@@ -39,10 +39,13 @@ type Driver struct {
 	instances       map[string]*backend.Instance
 	defaultInstance string
 	// node is the node side; nil in controller mode.
-	node    *node.Volumes
-	locks   *operationLocks
-	log     *zap.Logger
-	metrics *metrics.Metrics
+	node *node.Volumes
+	// attachDaemon runs the node's userspace daemons (--attach-daemon-socket);
+	// nil when the node plugin runs them itself.
+	attachDaemon command.DaemonHost
+	locks        *operationLocks
+	log          *zap.Logger
+	metrics      *metrics.Metrics
 	// codec decodes requests; checkDecoded answers those it could not.
 	codec *lenientCodec
 	// kms are the KMSs of encrypted volumes (--kms-config).
@@ -73,6 +76,7 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	// The command observer records into the driver's metrics; no command
 	// runs before the driver below is built.
 	var d *Driver
+	var daemons *attachd.Client
 	run := command.New(utilexec.New(), func(o command.Observation) {
 		if ce := log.Check(zap.DebugLevel, "command"); ce != nil {
 			ce.Write(zap.String("name", o.Name), zap.Strings("args", o.Args), zap.Duration("duration", o.Duration), zap.Int("exitCode", o.ExitCode))
@@ -84,11 +88,12 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 	if opts.Mode.Node() && opts.AttachDaemonSocket != "" {
 		// The userspace daemons of attached volumes start in the attach
 		// daemon, so they outlive this process (internal/attachd).
-		run = run.WithDaemons(command.New(attachd.NewClient(opts.AttachDaemonSocket), func(o command.Observation) {
+		daemons = attachd.NewClient(opts.AttachDaemonSocket)
+		run = run.WithDaemons(command.New(daemons, func(o command.Observation) {
 			if d != nil {
 				d.metrics.ObserveCommand(o.Name, o.ExitCode, o.Duration)
 			}
-		}))
+		}), daemons)
 	}
 	instances := map[string]*backend.Instance{}
 	for _, b := range file.Backends {
@@ -106,6 +111,9 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		return nil, err
 	}
 	d = built
+	if daemons != nil {
+		d.attachDaemon = daemons
+	}
 	return d, nil
 }
 
@@ -236,6 +244,11 @@ func (d *Driver) Run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
+	if d.opts.Mode.Node() {
+		reconciled := make(chan struct{})
+		go func() { defer close(reconciled); d.reconcileNode(ctx) }()
+		defer func() { <-reconciled }()
+	}
 
 	if d.opts.PluginRegistrationDir != "" {
 		stopRegistration, err := d.serveRegistration(socket)
@@ -262,6 +275,19 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.log.Info("stopped")
 	return nil
+}
+
+// reconcileTimeout bounds the start-up look at the node's volumes.
+const reconcileTimeout = 2 * time.Minute
+
+// reconcileNode looks at the volumes an earlier run of the node plugin
+// staged and logs what it finds (node.Volumes.Reconcile), while the plugin
+// already serves: it only reads, and a node with many volumes (an identity
+// check each) must not wait for it, nor must the volumes' pods.
+func (d *Driver) reconcileNode(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+	defer cancel()
+	d.node.Reconcile(ctx, d.resolveVolume)
 }
 
 // registerNode announces this node to every backend instance.

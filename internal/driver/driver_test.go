@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/zap"
@@ -401,5 +402,26 @@ func TestRunForgetsStageRecordsOfEarlierBoots(t *testing.T) {
 	logged := e.logs.FilterMessageSnippet("forgot a stage record from an earlier boot").All()
 	if len(logged) != 1 || logged[0].ContextMap()["volumeID"] != "loop/default/pvc-earlier" {
 		t.Errorf("log lines about forgotten records: %+v; want one naming loop/default/pvc-earlier", logged)
+	}
+
+	// Then, serving, it looks at the rest and says what it found: this
+	// boot's record names a device that is not attached.
+	deadline := time.Now().Add(10 * time.Second)
+	for e.logs.FilterMessage("start-up reconcile done").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no \"start-up reconcile done\" log line 10 s after the plugin served")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	summary := e.logs.FilterMessage("start-up reconcile done").All()[0].ContextMap()
+	if summary["staged"] != int64(1) || summary["notWhole"] != int64(1) {
+		t.Errorf("start-up reconcile: %v; want 1 staged, not whole", summary)
+	}
+	notWhole := e.logs.FilterMessageSnippet("not whole").All()
+	if len(notWhole) != 1 || notWhole[0].ContextMap()["volumeID"] != "loop/default/pvc-current" || notWhole[0].ContextMap()["deviceState"] != "missing" {
+		t.Errorf("volumes reported not whole: %+v; want loop/default/pvc-current, its device missing", notWhole)
+	}
+	if !e.host.Exists(node.StageRecordPath(current)) {
+		t.Error("the reconcile removed the record of a volume that is not whole; it must leave it to kubelet")
 	}
 }

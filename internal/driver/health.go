@@ -88,9 +88,20 @@ func (s *controllerService) ControllerListVolumeHealth(ctx context.Context, req 
 	return resp, nil
 }
 
-// NodeGetStorageHealth reports each backend this node cannot use.
+// NodeGetStorageHealth reports each backend this node cannot use, and an
+// attach daemon the node plugin is configured with that does not answer
+// (the volumes its daemons serve keep working; no new one can start).
 func (s *nodeService) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
 	resp := &csi.NodeGetStorageHealthResponse{}
+	if s.d.attachDaemon != nil {
+		if err := s.d.attachDaemon.Check(ctx); err != nil {
+			resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+				Status:  csi.StorageHealthErrorType_STORAGE_UNREACHABLE,
+				Reason:  "AttachDaemonUnreachable",
+				Message: err.Error() + "; volumes attached with rbd-nbd, rbd-fuse or iSCSI userspace cannot be staged on this node until it answers",
+			})
+		}
+	}
 	for _, key := range s.d.instanceKeys() {
 		if err := s.d.instances[key].Attacher.Probe(ctx); err != nil {
 			resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{

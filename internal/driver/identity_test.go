@@ -1,13 +1,17 @@
 package driver
 
 import (
+	"context"
+	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
 )
 
@@ -190,5 +194,48 @@ func TestProbe(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// fakeAttachDaemon is the attach daemon as the node plugin's health sees it.
+type fakeAttachDaemon struct{ err error }
+
+func (f fakeAttachDaemon) Check(context.Context, ...string) error { return f.err }
+func (fakeAttachDaemon) Dir() string                              { return "/run/spindle/attachd" }
+
+// NodeGetStorageHealth names an attach daemon that does not answer; one
+// that answers, or none configured, adds nothing.
+func TestNodeGetStorageHealthReportsTheAttachDaemon(t *testing.T) {
+	t.Parallel()
+	down := errors.New("the attach daemon at /run/spindle/attachd/attachd.sock does not answer: connection refused")
+	for _, tt := range []struct {
+		name   string
+		daemon command.DaemonHost
+		want   bool
+	}{
+		{"none configured", nil, false},
+		{"answers", fakeAttachDaemon{}, false},
+		{"does not answer", fakeAttachDaemon{err: down}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, withMode(config.ModeNode))
+			e.d.attachDaemon = tt.daemon
+			resp, err := e.ns.NodeGetStorageHealth(context.Background(), &csi.NodeGetStorageHealthRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var found []string
+			for _, h := range resp.GetBackendHealth() {
+				if h.GetReason() == "AttachDaemonUnreachable" {
+					found = append(found, h.GetMessage())
+					if h.GetStatus() != csi.StorageHealthErrorType_STORAGE_UNREACHABLE || !strings.Contains(h.GetMessage(), down.Error()) {
+						t.Errorf("entry %v: want STORAGE_UNREACHABLE with the daemon's error", h)
+					}
+				}
+			}
+			if (len(found) > 0) != tt.want {
+				t.Errorf("attach daemon entries %q, want one: %v", found, tt.want)
+			}
+		})
 	}
 }

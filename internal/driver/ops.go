@@ -29,6 +29,13 @@ const maxOpsRequest = 64 << 10
 // inventory that hangs on a dead backend answers with an error instead.
 const opsTimeout = 10 * time.Second
 
+// inventoryTimeout bounds the node's inventory (/volumes), which checks
+// every staged volume: more than opsTimeout, since one rbd-nbd device list
+// took up to 12 s on make e2e-multinode's emulated workers; less than
+// kubectl-spindle's 20 s wait for it, so a slow check still comes back as
+// that volume's problem rather than as no answer.
+const inventoryTimeout = 18 * time.Second
+
 // MetricsAddress is the address the operators' endpoints listen on ("" until
 // Run has opened it, or when --metrics-address is empty).
 func (d *Driver) MetricsAddress() string {
@@ -44,7 +51,7 @@ func (d *Driver) OpsHandler() http.Handler {
 	mux.HandleFunc("GET "+opsapi.PathHealthz, d.serveHealthz)
 	if d.opts.Mode.Node() {
 		mux.HandleFunc("GET "+opsapi.PathVolumes, func(w http.ResponseWriter, r *http.Request) {
-			ctx, cancel := context.WithTimeout(r.Context(), opsTimeout)
+			ctx, cancel := context.WithTimeout(r.Context(), inventoryTimeout)
 			defer cancel()
 			writeJSON(w, d.NodeVolumes(ctx))
 		})
@@ -177,6 +184,8 @@ func (d *Driver) volumeCounts() (metrics.VolumeCounts, error) {
 // record checked against the mount table and the backend, and every device
 // the backends hold.
 func (d *Driver) NodeVolumes(ctx context.Context) opsapi.NodeVolumes {
+	// One look: each listing the volumes' checks share is made once.
+	ctx = backend.WithListingMemo(ctx)
 	out := opsapi.NodeVolumes{
 		Version: opsapi.FormatVersion, Driver: d.opts.DriverName, Node: d.opts.NodeID,
 		GeneratedAt: time.Now().UTC().Truncate(time.Second),

@@ -165,3 +165,118 @@ resourceNames rule can name. */}}
     {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* nodeStateDir, without a trailing slash. */}}
+{{- define "spindle.stateDir" -}}{{ trimSuffix "/" .Values.nodeStateDir }}{{- end -}}
+
+{{- define "spindle.attachDaemonSocket" -}}
+{{- printf "%s/attachd/attachd.sock" (include "spindle.stateDir" .) -}}
+{{- end -}}
+
+{{/* true when the node plugin has mounted path itself (node.extraVolumeMounts):
+the chart then leaves that mount to it. Pass (list $ "/etc/iscsi"). */}}
+{{- define "spindle.userMounts" -}}
+{{- $ := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- range $.Values.node.extraVolumeMounts -}}
+{{- if eq (trimSuffix "/" .mountPath) $path -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The host directories the node plugin and the attach daemon both mount
+at the same path, with Bidirectional propagation (the mounts the daemons
+make, FUSE exports and rbd-fuse mounts, must reach the host and from it
+the other pod, and outlive either): the state directory, and any rbd
+fuseDir or iSCSI stateDir of the config outside it. One "name=path" per
+line. */}}
+{{- define "spindle.sharedDirs" -}}
+{{- $state := include "spindle.stateDir" . -}}
+{{- $seen := dict $state true -}}
+host-state={{ $state }}
+{{- range .Values.config.backends -}}
+{{- $dir := "" -}}
+{{- /* The driver's defaults: DefaultFuseDir, iscsi.DefaultStateDir. */ -}}
+{{- if and (eq .type "rbd") .rbd -}}{{- if eq (default "" .rbd.mounter) "rbd-fuse" -}}{{- $dir = default "/run/spindle/rbd-fuse" .rbd.fuseDir -}}{{- end -}}{{- end -}}
+{{- if and (eq .type "iscsi") .iscsi -}}{{- $dir = default "/run/spindle/iscsi" .iscsi.stateDir -}}{{- end -}}
+{{- $dir = trimSuffix "/" $dir -}}
+{{- if and $dir (not (hasKey $seen $dir)) (not (hasPrefix (printf "%s/" $state) $dir)) }}
+host-state-{{ len $seen }}={{ $dir }}
+{{- $_ := set $seen $dir true }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* true when some iSCSI instance logs in with the kernel's initiator
+(attachMode kernel, the default). */}}
+{{- define "spindle.kernelISCSI" -}}
+{{- range .Values.config.backends -}}
+{{- if and (eq .type "iscsi") .iscsi -}}{{- if ne (default "kernel" .iscsi.attachMode) "userspace" -}}true{{- end -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What the kernel attach paths need from the host, as "name=hostPath=mountPath=readOnly"
+lines: the host's modules (modprobe of rbd, nbd, iscsi_tcp), and for the
+kernel iSCSI initiator iscsiadm's node database (/etc/iscsi, whose
+initiatorname.iscsi iscsid also reads) and its lock directory. A path the
+values mount themselves (node.extraVolumeMounts) is left to them. */}}
+{{- define "spindle.hostDirs" -}}
+{{- $dirs := list (list "host-lib-modules" "/lib/modules" "true") -}}
+{{- if include "spindle.kernelISCSI" . -}}
+{{- $dirs = append $dirs (list "host-etc-iscsi" "/etc/iscsi" "false") -}}
+{{- $dirs = append $dirs (list "host-iscsi-lock" "/run/lock/iscsi" "false") -}}
+{{- end -}}
+{{- range $dirs }}
+{{- if not (include "spindle.userMounts" (list $ (index . 1))) }}
+{{ index . 0 }}={{ index . 1 }}={{ index . 2 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* volumeMounts of the shared and host directories, for the node plugin
+and the attach daemon. */}}
+{{- define "spindle.hostMounts" -}}
+{{- range (include "spindle.sharedDirs" . | trim | splitList "\n") }}
+{{- if . }}
+{{- $kv := splitn "=" 2 . }}
+- name: {{ $kv._0 }}
+  mountPath: {{ $kv._1 }}
+  mountPropagation: Bidirectional
+{{- end }}
+{{- end }}
+{{- range (include "spindle.hostDirs" . | trim | splitList "\n") }}
+{{- if . }}
+{{- $f := splitList "=" . }}
+- name: {{ index $f 0 }}
+  mountPath: {{ index $f 1 }}
+  {{- if eq (index $f 2) "true" }}
+  readOnly: true
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "spindle.hostVolumes" -}}
+{{- range (include "spindle.sharedDirs" . | trim | splitList "\n") }}
+{{- if . }}
+{{- $kv := splitn "=" 2 . }}
+- name: {{ $kv._0 }}
+  hostPath:
+    path: {{ $kv._1 }}
+    type: DirectoryOrCreate
+{{- end }}
+{{- end }}
+{{- range (include "spindle.hostDirs" . | trim | splitList "\n") }}
+{{- if . }}
+{{- $f := splitList "=" . }}
+- name: {{ index $f 0 }}
+  hostPath:
+    path: {{ index $f 1 }}
+    type: DirectoryOrCreate
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "spindle.attachDaemonImage" -}}
+{{- $i := .Values.attachDaemon.image -}}
+{{- printf "%s:%s" (default .Values.driver.image.repository $i.repository) (default (default .Chart.AppVersion .Values.driver.image.tag) $i.tag) -}}
+{{- end -}}

@@ -14,6 +14,20 @@
 //	verify-block DEV BYTES     check the data written by write-block
 //	wait-size DIR BYTES SECS   wait until the filesystem at DIR is at least
 //	                           BYTES large (statfs), then report its size
+//	records FILE SECS          for SECS seconds, or until FILE.stop exists,
+//	                           every 100 ms, append the next numbered record
+//	                           to FILE and fsync it (a database's commit); log
+//	                           every I/O error and every gap over 1 s between
+//	                           two acknowledged records; report "records N
+//	                           errors E maxgap MSms"
+//	stop-records FILE          create FILE.stop: a records writer of FILE
+//	                           (in another pod on the volume) stops
+//	verify-records FILE N      check that FILE holds records 1..N, in order
+//	kill-during COMM PATTERN SECS
+//	                           once a process named COMM runs, SIGKILL every
+//	                           process whose command line contains PATTERN
+//	                           (a pod with the host's PIDs: a node plugin
+//	                           killed mid-stage); report what it killed
 package main
 
 import (
@@ -128,8 +142,116 @@ func run(args []string) (string, error) {
 			return "", err
 		}
 		return waitSize(args[1], want, time.Duration(secs)*time.Second)
+	case "records":
+		if err := need(2); err != nil {
+			return "", err
+		}
+		secs, err := strconv.Atoi(args[2])
+		if err != nil {
+			return "", err
+		}
+		return writeRecords(args[1], time.Duration(secs)*time.Second)
+	case "stop-records":
+		if err := need(1); err != nil {
+			return "", err
+		}
+		if err := writeSynced(args[1]+stopSuffix, nil, os.O_CREATE|os.O_WRONLY); err != nil {
+			return "", err
+		}
+		return "stopped " + args[1], nil
+	case "kill-during":
+		if err := need(3); err != nil {
+			return "", err
+		}
+		secs, err := strconv.Atoi(args[3])
+		if err != nil {
+			return "", err
+		}
+		return killDuring("/proc", args[1], args[2], time.Duration(secs)*time.Second)
+	case "verify-records":
+		if err := need(2); err != nil {
+			return "", err
+		}
+		n, err := strconv.Atoi(args[2])
+		if err != nil {
+			return "", err
+		}
+		return verifyRecords(args[1], n)
 	}
 	return "", fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+// record is the n-th record: fixed length, so that verify-records knows
+// where each one is.
+func record(n int) string { return fmt.Sprintf("record %010d\n", n) }
+
+const recordEvery = 100 * time.Millisecond
+
+// stopSuffix names the file whose existence stops a records writer.
+const stopSuffix = ".stop"
+
+// writeRecords appends a record and fsyncs it every recordEvery for d (or
+// until path+stopSuffix exists), on one open file, as a database commits.
+// A record counts as acknowledged when its fsync returned; an error is
+// logged and the next record tried.
+func writeRecords(path string, d time.Duration) (string, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	start := time.Now()
+	last := start
+	var maxGap time.Duration
+	acked, errs := 0, 0
+	tick := time.NewTicker(recordEvery)
+	defer tick.Stop()
+	for time.Since(start) < d {
+		<-tick.C
+		if _, err := os.Stat(path + stopSuffix); err == nil {
+			break
+		}
+		n := acked + 1
+		if _, err := f.WriteString(record(n)); err != nil {
+			errs++
+			fmt.Printf("ERROR write of record %d: %v\n", n, err)
+			continue
+		}
+		if err := f.Sync(); err != nil {
+			errs++
+			fmt.Printf("ERROR fsync of record %d: %v\n", n, err)
+			continue
+		}
+		now := time.Now()
+		if gap := now.Sub(last); gap > maxGap {
+			maxGap = gap
+		}
+		if gap := now.Sub(last); gap > time.Second {
+			fmt.Printf("gap %dms before record %d\n", gap.Milliseconds(), n)
+		}
+		last, acked = now, n
+		if n == 1 || n%50 == 0 {
+			fmt.Printf("record %d\n", n)
+		}
+	}
+	return fmt.Sprintf("records %d errors %d maxgap %dms", acked, errs, maxGap.Milliseconds()), nil
+}
+
+func verifyRecords(path string, n int) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	size := len(record(1))
+	if len(data) < n*size {
+		return "", fmt.Errorf("%s holds %d bytes, %d records, want at least %d", path, len(data), len(data)/size, n)
+	}
+	for i := 1; i <= n; i++ {
+		if got := string(data[(i-1)*size : i*size]); got != record(i) {
+			return "", fmt.Errorf("record %d reads back as %q", i, got)
+		}
+	}
+	return fmt.Sprintf("verified %d records", n), nil
 }
 
 func pause() {

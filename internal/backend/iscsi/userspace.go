@@ -63,12 +63,15 @@ func (u *userspace) dir(iqn string) string {
 
 func (u *userspace) lunFile(iqn string) string { return filepath.Join(u.dir(iqn), "lun") }
 
-func (u *userspace) Probe(context.Context) error {
+// Probe: FUSE, loop devices, losetup here and qemu-storage-daemon where
+// it runs (in the attach daemon, when the node plugin has one).
+func (u *userspace) Probe(ctx context.Context) error {
+	if err := u.run.CheckDaemons(ctx, "qemu-storage-daemon"); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "the userspace iSCSI attacher cannot start qemu-storage-daemon")
+	}
 	var missing []string
-	for _, p := range []string{"qemu-storage-daemon", "losetup"} {
-		if _, err := exec.LookPath(p); err != nil {
-			missing = append(missing, p)
-		}
+	if _, err := exec.LookPath("losetup"); err != nil {
+		missing = append(missing, "losetup")
 	}
 	for _, f := range []string{filepath.Join(u.devRoot, "fuse"), filepath.Join(u.devRoot, "loop-control")} {
 		if _, err := os.Stat(f); err != nil {
@@ -188,7 +191,11 @@ func (u *userspace) start(ctx context.Context, s session) error {
 			"--pidfile", filepath.Join(dir, "qsd.pid"),
 			"--daemonize",
 		)
-		_, err := u.run.Run(ctx, "qemu-storage-daemon", args...)
+		// In the attach daemon when the node plugin has one: the daemon
+		// serves the LUN for as long as it is attached and must outlive
+		// the node plugin. Its directory is on a host path both see, so
+		// its FUSE export reaches this process's mount table.
+		_, err := u.run.Daemons().Run(ctx, "qemu-storage-daemon", args...)
 		if err == nil {
 			return nil
 		}

@@ -46,6 +46,34 @@ type cluster struct {
 	keyRoot string // parent of the per-call key directories ("" = os.TempDir())
 	// callLimit replaces callTimeout when set (tests).
 	callLimit time.Duration
+	// slots holds one token per Ceph client running inside an RPC
+	// (Config.MaxConcurrentCalls).
+	slots chan struct{}
+}
+
+// acquireSlot waits, within ctx, until fewer than MaxConcurrentCalls Ceph
+// clients of this instance run, and returns the function that gives the
+// slot back. Each client spends its first seconds starting up (config,
+// monitor session, cephx) on the CPU; on a small node several stages at
+// once made every client slow enough to pass the per-call limit together,
+// and their retries did it again. A call's own limit starts once it has a
+// slot; the time waiting for one counts against the request's deadline
+// only.
+func (c *cluster) acquireSlot(ctx context.Context) (func(), error) {
+	if c.slots == nil {
+		return func() {}, nil
+	}
+	select {
+	case c.slots <- struct{}{}:
+		return func() { <-c.slots }, nil
+	default:
+	}
+	select {
+	case c.slots <- struct{}{}:
+		return func() { <-c.slots }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waited until the request's deadline for one of the %d Ceph client slots of this driver (the rbd backend's maxConcurrentCalls), all taken by other calls: %w", cap(c.slots), ctx.Err())
+	}
 }
 
 // Prefixes of the private temporary directories calls make under keyRoot:
@@ -196,24 +224,57 @@ func (k conn) ceph(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 func (k conn) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
-	limit := callTimeout
+	return k.cliWithin(ctx, k.limit(), name, args...)
+}
+
+// limit is the bound on one call inside an RPC.
+func (k conn) limit() time.Duration {
 	if k.callLimit > 0 {
-		limit = k.callLimit
+		return k.callLimit
 	}
-	return k.cliWithin(ctx, limit, name, args...)
+	return callTimeout
 }
 
 // rbdBackground runs rbd for background work, under backgroundCallTimeout
 // rather than the per-call deadline.
+//
+// It takes no client slot (acquireSlot): background work runs for as long
+// as the image needs, and would keep RPCs waiting behind it.
 func (k conn) rbdBackground(ctx context.Context, args ...string) ([]byte, error) {
-	return k.cliWithin(ctx, backgroundCallTimeout, "rbd", args...)
+	return k.runUngated(ctx, k.run, backgroundCallTimeout, "rbd", args...)
 }
 
-// cliWithin runs a Ceph CLI for at most limit. A call stopped by that limit
-// is reported as the driver's own deadline, and one stopped by the
-// caller's context (the RPC's deadline, a cancel) as the caller's: neither
-// is the cluster refusing anything.
+// cliWithin runs a Ceph CLI for at most limit (runWithin).
 func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, args ...string) ([]byte, error) {
+	return k.runWithin(ctx, k.run, limit, name, args...)
+}
+
+// daemon runs a program that leaves a daemon serving an attached volume
+// behind (rbd-nbd map), with the connection arguments, under the per-call
+// limit, through the daemons' runner: in the attach daemon when the node
+// plugin has one.
+func (k conn) daemon(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return k.runWithin(ctx, k.run.Daemons(), k.limit(), name, args...)
+}
+
+// runWithin runs a Ceph program through run, with the connection
+// arguments, for at most limit. A call stopped by that limit is reported
+// as the driver's own deadline, and one stopped by the caller's context
+// (the RPC's deadline, a cancel) as the caller's: neither is the cluster
+// refusing anything.
+//
+// The call first takes one of the instance's client slots (acquireSlot).
+func (k conn) runWithin(ctx context.Context, run *command.Runner, limit time.Duration, name string, args ...string) ([]byte, error) {
+	release, err := k.acquireSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return k.runUngated(ctx, run, limit, name, args...)
+}
+
+// runUngated is runWithin without a client slot.
+func (k conn) runUngated(ctx context.Context, run *command.Runner, limit time.Duration, name string, args ...string) ([]byte, error) {
 	ep, err := k.endpointOf(k.id)
 	if err != nil {
 		return nil, err
@@ -225,7 +286,7 @@ func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, a
 	defer cred.cleanup()
 	callCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	out, err := k.run.Run(callCtx, name, append(args, k.connArgs(cred, ep)...)...)
+	out, err := run.Run(callCtx, name, append(args, k.connArgs(cred, ep)...)...)
 	if err != nil && command.ExitCode(err) == -1 && callCtx.Err() != nil {
 		if ctx.Err() != nil {
 			return out, fmt.Errorf("stopped by the request's own deadline or cancellation: %w", err)

@@ -55,3 +55,94 @@ esac
 		t.Fatalf("rbd exiting 2 = %v; want ErrNotFound", err)
 	}
 }
+
+// TestClientSlotsBoundConcurrentCalls: with maxConcurrentCalls 2, five
+// calls at once never run more than two Ceph clients together, and all
+// five complete; a call that finds every slot taken waits, and when its
+// request's deadline passes first it fails naming the slots and the
+// deadline, without ever having started a client. "rbd" is a script that
+// records how many clients run as it starts, then waits for a go file.
+func TestClientSlotsBoundConcurrentCalls(t *testing.T) {
+	bin, state := t.TempDir(), t.TempDir()
+	script := `#!/bin/sh
+touch "` + state + `/running.$$"
+ls "` + state + `" | grep -c '^running\.' >> "` + state + `/starts"
+while [ ! -e "` + state + `/go" ]; do sleep 0.02; done
+rm -f "` + state + `/running.$$"
+`
+	if err := os.WriteFile(filepath.Join(bin, "rbd"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", MaxConcurrentCalls: 2}.withDefaults()
+	c := newCluster(cfg, command.New(utilexec.New(), nil))
+	goFile := filepath.Join(state, "go")
+	starts := func() []string {
+		b, _ := os.ReadFile(filepath.Join(state, "starts"))
+		return strings.Fields(string(b))
+	}
+	waitStarts := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); len(starts()) < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d clients started; want %d", len(starts()), n)
+			}
+		}
+	}
+
+	errs := make(chan error, 5)
+	for range 5 {
+		go func() {
+			_, err := c.on("c").rbd(context.Background(), "info", "x")
+			errs <- err
+		}()
+	}
+	waitStarts(2)
+	// The other three are waiting for a slot; let every client finish.
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a call through the slots = %v", err)
+		}
+	}
+	got := starts()
+	if len(got) != 5 {
+		t.Fatalf("%d clients ran for 5 calls (%v)", len(got), got)
+	}
+	for _, n := range got {
+		if n != "1" && n != "2" {
+			t.Fatalf("a client started while %s ran (counts at each start: %v); want at most 2", n, got)
+		}
+	}
+
+	// Both slots held by clients that wait; a third call's deadline passes.
+	if err := os.Remove(goFile); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		go func() {
+			_, err := c.on("c").rbd(context.Background(), "info", "x")
+			errs <- err
+		}()
+	}
+	waitStarts(7)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := c.on("c").rbd(ctx, "info", "y")
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "2 Ceph client slots") {
+		t.Fatalf("a call finding every slot taken past its deadline = %v; want the request's deadline and the slots named", err)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(starts()); n != 7 {
+		t.Fatalf("%d clients ran; the call that never got a slot started one", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 )
 
@@ -33,6 +34,9 @@ const (
 	DefaultFuseDir = "/run/spindle/rbd-fuse"
 	// DefaultStateDir keeps, per mapped device, what its unmap needs.
 	DefaultStateDir = "/run/spindle/rbd"
+	// maxConcurrentCallsLimit bounds MaxConcurrentCalls: each call is a
+	// process with its own monitor session.
+	maxConcurrentCallsLimit = 256
 )
 
 // Config is one rbd instance of the config file:
@@ -112,6 +116,13 @@ type Config struct {
 	// (NOT_FOUND) and enforces its MaxVolumesPerNode. Without it any valid
 	// node ID may be published to.
 	NodeRegistry bool `json:"nodeRegistry,omitempty"`
+	// MaxConcurrentCalls is how many Ceph clients (rbd, ceph, rbd-nbd map,
+	// rbd-fuse start) one driver process runs at once for the instance
+	// inside RPCs; more calls wait for a slot within their request's
+	// deadline. Default: the number of CPUs, at least 2. Every client
+	// spends its first seconds on the CPU, and on a small node several
+	// stages at once made them all pass the per-call limit together.
+	MaxConcurrentCalls int `json:"maxConcurrentCalls,omitempty"`
 }
 
 var (
@@ -142,6 +153,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
+	}
+	if c.MaxConcurrentCalls == 0 {
+		c.MaxConcurrentCalls = max(2, runtime.NumCPU())
 	}
 	return c
 }
@@ -192,6 +206,9 @@ func (c Config) Validate(where string) []error {
 	}
 	if !mapOptionsRe.MatchString(c.MapOptions) {
 		bad("mapOptions", "%q may hold only letters, digits and _=,.:-", c.MapOptions)
+	}
+	if c.MaxConcurrentCalls < 0 || c.MaxConcurrentCalls > maxConcurrentCallsLimit {
+		bad("maxConcurrentCalls", "%d must be between 1 and %d (0 means the number of CPUs, at least 2)", c.MaxConcurrentCalls, maxConcurrentCallsLimit)
 	}
 	if c.MaxCloneDepth < 0 || c.MaxCloneDepth > 14 {
 		bad("maxCloneDepth", "%d must be between 1 and 14 (0 means the default %d)", c.MaxCloneDepth, DefaultMaxCloneDepth)

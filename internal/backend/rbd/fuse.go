@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,8 @@ type fuseMapper struct {
 	dir      string // <fuseDir>/<instance>
 	sysRoot  string
 	procRoot string // "/proc"
+	// retryPause replaces goneMountRetry's second when set (tests).
+	retryPause time.Duration
 }
 
 func (f *fuseMapper) mountDir(r ref) string { return filepath.Join(f.dir, r.idOf(f.c.cfg.ClusterID)) }
@@ -53,13 +56,19 @@ func (f *fuseMapper) Map(ctx context.Context, r ref, readOnly bool, _ string) (s
 		if err := f.mount(ctx, r, dir); err != nil {
 			return "", err
 		}
-	}
-	if _, err := os.Stat(f.file(r)); err != nil {
+	} else if _, err := os.Stat(f.file(r)); err != nil {
 		return "", fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, r.spec(), err)
 	}
 	return f.loops.Attach(ctx, f.file(r), readOnly, true)
 }
 
+// mount runs rbd-fuse, through the daemons' runner (in the attach daemon
+// when the node plugin has one: rbd-fuse serves the mount for as long as
+// it is mapped and must outlive the node plugin). rbd-fuse daemonizes
+// first and connects to the cluster, reading its key file, only when the
+// kernel's first request (FUSE_INIT) reaches it; every later request waits
+// for that one. So the key file stays until a stat of the image's file
+// has been answered.
 func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	ep, err := f.c.endpointOf(r.cluster)
 	if err != nil {
@@ -81,13 +90,18 @@ func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	if cred.user != "" {
 		cephArgs = append(cephArgs, "--id", cred.user, "--keyfile", cred.keyFile)
 	}
+	release, err := f.c.acquireSlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	args := []string{"-c", conf, "-p", r.pool}
 	if r.namespace != "" {
 		args = append(args, "-s", r.namespace)
 	}
-	_, err = f.c.run.Exec(ctx, command.Cmd{
+	_, err = f.c.run.Daemons().Exec(ctx, command.Cmd{
 		Name: "rbd-fuse",
 		Args: append(args, "-r", r.image, dir, "-o", "attr_timeout=0,entry_timeout=0"),
 		Env:  []string{"CEPH_ARGS=" + strings.Join(cephArgs, " ")},
@@ -95,30 +109,41 @@ func (f *fuseMapper) mount(ctx context.Context, r ref, dir string) error {
 	if err != nil {
 		return classify(err)
 	}
+	if _, err := os.Stat(f.file(r)); err != nil {
+		return fmt.Errorf("rbd-fuse mounted %s but shows no file for image %s: %w", dir, r.spec(), err)
+	}
 	return nil
 }
 
 // mounted reports whether dir is an rbd-fuse mount.
 func (f *fuseMapper) mounted(dir string) (bool, error) {
+	mounts, err := f.fuseMounts()
+	return slices.Contains(mounts, dir), err
+}
+
+// fuseMounts lists the mount points of rbd-fuse mounts in this mount
+// namespace.
+func (f *fuseMapper) fuseMounts() ([]string, error) {
 	file, err := os.Open(filepath.Join(f.procRoot, "self", "mountinfo"))
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	defer file.Close()
+	var out []string
 	sc := bufio.NewScanner(file)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		// mount point is field 5; the fs type follows the "-" separator.
-		if len(fields) < 5 || fields[4] != dir {
+		if len(fields) < 5 {
 			continue
 		}
 		for i, fl := range fields {
 			if fl == "-" && i+1 < len(fields) && fields[i+1] == "fuse.rbd-fuse" {
-				return true, nil
+				out = append(out, fields[4])
 			}
 		}
 	}
-	return false, sc.Err()
+	return out, sc.Err()
 }
 
 // Unmap detaches the loop device and, when no other device uses the file,
@@ -229,9 +254,17 @@ func (f *fuseMapper) Mapped(ctx context.Context, r ref) ([]mapped, error) {
 	}
 	var out []mapped
 	for _, d := range devs {
-		if !d.Deleted && !d.AutoClear {
-			out = append(out, mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly})
+		if d.AutoClear {
+			continue
 		}
+		if d.Deleted {
+			// rbd-fuse's file shown "(deleted)" is still the image's when
+			// it is by device and inode (resolveUnsure).
+			if id, ok := f.resolveUnsure(ctx, &d); !ok || id != strings.TrimPrefix(f.mountDir(r), f.dir+"/") {
+				continue
+			}
+		}
+		out = append(out, mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly})
 	}
 	return out, nil
 }
@@ -247,13 +280,14 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 		return nil, err
 	}
 	id, ok := strings.CutPrefix(filepath.Dir(d.BackingFile), f.dir+"/")
-	if !ok && !d.Deleted {
-		// Bound by a node plugin container that has since restarted: the
-		// path starts at the root of the rbd-fuse mount it saw ("/<image>").
-		id, ok = f.resolveGoneMount(d)
+	if !ok || d.Deleted {
+		// Bound by a node plugin container that has since restarted (the
+		// path starts at the root of the rbd-fuse mount it saw,
+		// "/<image>"), or shown "(deleted)" (resolveUnsure).
+		id, ok = f.resolveUnsure(ctx, d)
 	}
 	r, perr := parseRef(id, f.c.cfg.ClusterID, "image")
-	if d.Deleted || !ok || perr != nil || d.BackingFile != f.file(r) {
+	if !ok || perr != nil || d.BackingFile != f.file(r) {
 		return nil, errdefs.NotFound("%s is bound to %q, not to an rbd-fuse file under %s", dev, d.BackingFile, f.dir)
 	}
 	if ok, err := f.mounted(f.mountDir(r)); err != nil || !ok {
@@ -262,25 +296,79 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 	return &mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly}, nil
 }
 
-// resolveGoneMount finds the rbd-fuse mount under dir whose image file d
-// is bound to, by device and inode (blockdev.LoopDevices.Resolve), for a
-// device whose path sysfs shows from a mount that is gone; it returns the
-// mount's image ID.
-func (f *fuseMapper) resolveGoneMount(d *blockdev.LoopDevice) (string, bool) {
-	entries, err := os.ReadDir(f.dir)
+// resolveUnsure finds the rbd-fuse mount under dir whose image file d is
+// bound to, for a device whose path sysfs shows from a mount that is gone
+// ("/<image>": the path below the root of the rbd-fuse mount the binding
+// container saw) or shows "(deleted)". The candidates are the
+// rbd-fuse mounts of that image under dir (<dir>/<pool>/<image> and the
+// longer IDs' paths); the file must be the device's by device and inode
+// (blockdev.LoopDevices.Resolve). It returns the mount's image ID, and
+// sets d's path to the file and clears Deleted.
+//
+// rbd-fuse answers every lookup and stat of its file by opening the image
+// again (rbd_open; attr_timeout=0 and entry_timeout=0 send each one to it)
+// and answers ENOENT whenever that fails, as it does on a loaded cluster.
+// A lookup answered so makes the kernel drop the dentry the loop device
+// holds, which sysfs then shows "(deleted)" although the file is there and
+// the device serves it: make e2e-multinode's restart test found an
+// adopted rbd-fuse volume so, and every publish of it refused. A
+// candidate whose file does not match is asked again, goneMountTries
+// times in all, goneMountRetry apart, before the device counts as not the
+// image's.
+func (f *fuseMapper) resolveUnsure(ctx context.Context, d *blockdev.LoopDevice) (string, bool) {
+	image := filepath.Base(d.BackingFile)
+	goneMount := image != "/" && d.BackingFile == "/"+image
+	deletedUnderDir := d.Deleted && strings.HasPrefix(d.BackingFile, f.dir+"/")
+	if !goneMount && !deletedUnderDir {
+		return "", false
+	}
+	mounts, err := f.fuseMounts()
 	if err != nil {
 		return "", false
 	}
-	for _, e := range entries {
-		r, err := parseRef(e.Name(), f.c.cfg.ClusterID, "image")
-		if err != nil || "/"+r.image != d.BackingFile {
+	var candidates []ref
+	for _, dir := range mounts {
+		id, under := strings.CutPrefix(dir, f.dir+"/")
+		if !under || filepath.Base(dir) != image {
 			continue
 		}
-		if ok, err := f.loops.Resolve(d, f.file(r)); err == nil && ok {
-			return e.Name(), true
+		r, err := parseRef(id, f.c.cfg.ClusterID, "image")
+		if err != nil || f.mountDir(r) != dir {
+			continue
+		}
+		candidates = append(candidates, r)
+	}
+	for try := 1; len(candidates) > 0; try++ {
+		for _, r := range candidates {
+			// Compared by device and inode, whatever the path shows.
+			probe := *d
+			probe.BackingFile, probe.Deleted = "/"+image, false
+			if ok, err := f.loops.Resolve(&probe, f.file(r)); err == nil && ok {
+				d.BackingFile, d.Deleted = probe.BackingFile, false
+				return strings.TrimPrefix(f.mountDir(r), f.dir+"/"), true
+			}
+		}
+		if try == goneMountTries {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return "", false
+		case <-time.After(f.goneMountRetry()):
 		}
 	}
 	return "", false
+}
+
+// goneMountTries is how many times resolveGoneMount asks rbd-fuse.
+const goneMountTries = 3
+
+// goneMountRetry is the pause between two of those tries.
+func (f *fuseMapper) goneMountRetry() time.Duration {
+	if f.retryPause > 0 {
+		return f.retryPause
+	}
+	return time.Second
 }
 
 // Refresh has the loop driver re-read the file's size, which rbd-fuse
@@ -292,10 +380,14 @@ func (f *fuseMapper) Refresh(ctx context.Context, dev string) (int64, error) {
 	return f.loops.Size(dev)
 }
 
-// Available: FUSE, rbd-fuse and loop devices are there.
-func (f *fuseMapper) Available(context.Context) error {
+// Available: FUSE, rbd-fuse (in the attach daemon, when the node plugin
+// has one) and loop devices are there.
+func (f *fuseMapper) Available(ctx context.Context) error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return errdefs.Precondition("this node cannot map RBD images with rbd-fuse: /dev/fuse is missing")
+	}
+	if err := f.c.run.CheckDaemons(ctx, "rbd-fuse"); err != nil {
+		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with rbd-fuse")
 	}
 	return f.loops.Available()
 }

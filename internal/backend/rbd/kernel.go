@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -18,9 +19,10 @@ import (
 // kernelMapper maps with "rbd device map": through the kernel's rbd driver
 // (krbd) or, with nbd set, through rbd-nbd and the kernel's nbd driver.
 type kernelMapper struct {
-	c       *cluster
-	nbd     bool
-	sysRoot string // "/sys"
+	c        *cluster
+	nbd      bool
+	sysRoot  string // "/sys"
+	procRoot string // "/proc"
 }
 
 // module is the kernel module the mapper needs.
@@ -38,20 +40,26 @@ func (k *kernelMapper) typeArgs() []string {
 	return nil
 }
 
-// Map runs "rbd device map". A node without the kernel module fails with
-// texts like krbd's "rbd: failed to load rbd kernel module (127)" / "rbd:
-// map failed: (2) No such file or directory", or rbd-nbd's "rbd-nbd:
-// failed to find unused device": a precondition naming the module.
+// Map runs "rbd device map" for krbd and "rbd-nbd map" for rbd-nbd. A
+// node without the kernel module fails with texts like krbd's "rbd: failed
+// to load rbd kernel module (127)" / "rbd: map failed: (2) No such file or
+// directory", or rbd-nbd's "rbd-nbd: failed to find unused device": a
+// precondition naming the module.
 func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options string) (string, error) {
-	args := append([]string{"device", "map"}, k.typeArgs()...)
-	if readOnly {
-		args = append(args, "--read-only")
+	var out []byte
+	var err error
+	if k.nbd {
+		out, err = k.nbdMap(ctx, r, readOnly, options)
+	} else {
+		args := []string{"device", "map"}
+		if readOnly {
+			args = append(args, "--read-only")
+		}
+		if options != "" {
+			args = append(args, "-o", options)
+		}
+		out, err = k.c.on(r.cluster).rbd(ctx, append(args, r.spec())...)
 	}
-	if options != "" {
-		args = append(args, "-o", options)
-	}
-	args = append(args, r.spec())
-	out, err := k.c.on(r.cluster).rbd(ctx, args...)
 	if err != nil {
 		stderr := command.Stderr(err)
 		if strings.Contains(stderr, "kernel module") || strings.Contains(stderr, "modprobe") || strings.Contains(stderr, "failed to find unused device") {
@@ -61,9 +69,27 @@ func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options st
 	}
 	dev := strings.TrimSpace(string(out))
 	if !strings.HasPrefix(dev, "/dev/") {
-		return "", fmt.Errorf("rbd device map printed %q, not a device", dev)
+		return "", fmt.Errorf("%s map printed %q, not a device", k.name(), dev)
 	}
 	return dev, nil
+}
+
+// nbdMap runs rbd-nbd itself, as "rbd device map -t nbd" would (its -o
+// options become --options), in the attach daemon when the node plugin
+// has one: the rbd-nbd process serves the device for as long as it is
+// mapped and must outlive the node plugin. It reads its key before "map"
+// returns.
+func (k *kernelMapper) nbdMap(ctx context.Context, r ref, readOnly bool, options string) ([]byte, error) {
+	args := []string{"map", r.spec()}
+	if readOnly {
+		args = append(args, "--read-only")
+	}
+	if options != "" {
+		for _, o := range strings.Split(options, ",") {
+			args = append(args, "--"+o)
+		}
+	}
+	return k.c.on(r.cluster).daemon(ctx, "rbd-nbd", args...)
 }
 
 func (k *kernelMapper) name() string {
@@ -209,10 +235,35 @@ type nbdDevice struct {
 	Device    string `json:"device"`
 }
 
+// nbdListKey names this mapper's device list in a listing memo.
+type nbdListKey struct{ m *kernelMapper }
+
+// nbdList lists the rbd-nbd devices; once per inventory (a listing memo on
+// ctx: the list starts a Ceph client, seconds on a slow node, and every
+// staged volume's check asks for it). Callers must not change the slice.
 func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
+	return backend.Memoized(ctx, nbdListKey{k}, func() ([]mapped, error) { return k.listNBD(ctx) })
+}
+
+// listNBD lists the rbd-nbd devices. When every connected nbd device is
+// served by an rbd-nbd this driver started ("rbd-nbd map <pool>[/<ns>]/<image>
+// …"), the list comes from sysfs and /proc, as rbd's own list reads it,
+// without starting a Ceph client: that took 6-35 s on make
+// e2e-multinode's emulated workers, and every RBD stage asks, whatever
+// its mounter. Any other nbd device sends the list to "rbd device list -t
+// nbd", which knows every form of rbd-nbd's arguments.
+func (k *kernelMapper) listNBD(ctx context.Context) ([]mapped, error) {
 	if _, err := os.Stat(filepath.Join(k.sysRoot, "module", "nbd")); os.IsNotExist(err) {
 		return nil, nil // no nbd module: nothing mapped
 	}
+	if list, ok := k.ownNBD(); ok {
+		return list, nil
+	}
+	release, err := k.c.acquireSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	out, err := k.c.run.Run(ctx, "rbd", "device", "list", "-t", "nbd", "--format", "json")
@@ -241,6 +292,51 @@ func (k *kernelMapper) nbdList(ctx context.Context) ([]mapped, error) {
 	return res, nil
 }
 
+// ownNBD reads the connected nbd devices (/sys/block/nbdN/pid: the process
+// serving each) and their processes' command lines; ok is false unless
+// each is an rbd-nbd this driver started, whose image spec follows "map".
+func (k *kernelMapper) ownNBD() (list []mapped, ok bool) {
+	pidFiles, err := filepath.Glob(filepath.Join(k.sysRoot, "block", "nbd*", "pid"))
+	if err != nil {
+		return nil, false
+	}
+	for _, pidFile := range pidFiles {
+		pid, err := os.ReadFile(pidFile)
+		if os.IsNotExist(err) {
+			continue // disconnected while we read
+		}
+		if err != nil {
+			return nil, false
+		}
+		cmdline, err := os.ReadFile(filepath.Join(k.procRoot, strings.TrimSpace(string(pid)), "cmdline"))
+		if err != nil {
+			return nil, false // gone meanwhile, or another PID namespace's
+		}
+		argv := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if len(argv) < 3 || filepath.Base(argv[0]) != "rbd-nbd" || argv[1] != "map" {
+			return nil, false
+		}
+		spec := argv[2]
+		if strings.Contains(spec, "@") {
+			continue // a snapshot: the list is of head revisions
+		}
+		m := mapped{Device: "/dev/" + filepath.Base(filepath.Dir(pidFile))}
+		switch parts := strings.Split(spec, "/"); len(parts) {
+		case 2:
+			m.Pool, m.Image = parts[0], parts[1]
+		case 3:
+			m.Pool, m.Namespace, m.Image = parts[0], parts[1], parts[2]
+		default:
+			return nil, false
+		}
+		if ro, err := os.ReadFile(filepath.Join(k.sysRoot, "block", filepath.Base(m.Device), "ro")); err == nil {
+			m.ReadOnly = strings.TrimSpace(string(ro)) == "1"
+		}
+		list = append(list, m)
+	}
+	return list, true
+}
+
 // Refresh: krbd and rbd-nbd watch the image header and resize the device
 // themselves when the image grows; Refresh reads the size the kernel has.
 func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
@@ -248,11 +344,15 @@ func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
 }
 
 // Available: the kernel module is loaded, or this node loads it now
-// (kmod.Ensure: the node plugin's liveness asks before the first map).
+// (kmod.Ensure: the node plugin's liveness asks before the first map);
+// for rbd-nbd also the attach daemon that starts it answers and has it.
 func (k *kernelMapper) Available(ctx context.Context) error {
 	present := filepath.Join(k.sysRoot, "bus", "rbd")
 	if k.nbd {
 		present = filepath.Join(k.sysRoot, "module", "nbd")
+		if err := k.c.run.CheckDaemons(ctx, "rbd-nbd"); err != nil {
+			return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s", k.name())
+		}
 	}
 	if err := kmod.Ensure(ctx, k.c.run, present, k.module()); err != nil {
 		return errdefs.Wrap(errdefs.ErrPrecondition, err, "this node cannot map RBD images with %s; use another mounter (rbd-fuse needs none)", k.name())

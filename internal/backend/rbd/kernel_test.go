@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -27,9 +29,10 @@ rbd: failed to load rbd kernel module (127)
 rbd: sysfs write failed
 In some cases useful info is found in syslog - try "dmesg | tail".
 rbd: map failed: (2) No such file or directory`
+	// rbd-nbd's own lines of "rbd device map -t nbd"'s text, which is
+	// what rbd-nbd map prints there (exit status 1).
 	nbdNoModule = `sh: 1: /sbin/modprobe: not found
-rbd-nbd: failed to find unused device
-rbd: rbd-nbd failed with error: /usr/bin/rbd-nbd: exit status: 1`
+rbd-nbd: failed to find unused device`
 	krbdNotMapped = `rbd: '/dev/rbd0' is not a block device
 rbd: unmap failed: (22) Invalid argument`
 )
@@ -52,8 +55,82 @@ func kernelInstance(t *testing.T, mounter string, script *commandtest.Script) (*
 	sys := t.TempDir()
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: mounter, StateDir: t.TempDir()}.withDefaults()
 	c := &cluster{cfg: cfg, run: command.New(script, nil)}
-	m := &kernelMapper{c: c, nbd: mounter == MounterNBD, sysRoot: sys}
+	m := &kernelMapper{c: c, nbd: mounter == MounterNBD, sysRoot: sys, procRoot: filepath.Join(sys, "proc")}
 	return newInstance("a", c, map[string]mapper{cfg.Mounter: m}), sys
+}
+
+// connectNBD makes the fake sysfs of kernelInstance show dev connected and
+// served by process pid, whose command line is argv (in <sys>/proc).
+func connectNBD(t *testing.T, sys, dev string, pid int, argv ...string) {
+	t.Helper()
+	block := filepath.Join(sys, "block", filepath.Base(dev))
+	proc := filepath.Join(sys, "proc", strconv.Itoa(pid))
+	for _, d := range []string{block, proc} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(block, "pid"), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "cmdline"), []byte(strings.Join(argv, "\x00")+"\x00"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rbd device list -t nbd starts a Ceph client (seconds on a slow node, and
+// every RBD stage asks): the devices of rbd-nbd processes this driver
+// started are read from sysfs and /proc instead; any other nbd device
+// leaves the list to the CLI.
+func TestNBDListFromProc(t *testing.T) {
+	own := func(spec string) []string {
+		return with("rbd-nbd", "map", spec, "--try-netlink")
+	}
+	cli := `[{"id":600,"pool":"other","namespace":"","image":"img","snap":"","device":"/dev/nbd5","cookie":""}]`
+	for _, tc := range []struct {
+		name    string
+		connect map[string][]string // device -> its process's argv
+		script  []*commandtest.Step
+		want    []string // pool/namespace/image@device
+	}{
+		{name: "nothing connected", want: nil},
+		{name: "own maps", connect: map[string][]string{
+			"/dev/nbd0": own("kube/" + testImage),
+			"/dev/nbd1": own("kube/ns1/csi-vol-1"),
+			"/dev/nbd2": own("kube/" + testImage + "@snap1"),
+		}, want: []string{"kube//" + testImage + "@/dev/nbd0", "kube/ns1/csi-vol-1@/dev/nbd1"}},
+		{name: "another form goes to the CLI", connect: map[string][]string{
+			"/dev/nbd0": own("kube/" + testImage),
+			"/dev/nbd5": {"/usr/bin/rbd-nbd", "--device", "/dev/nbd5", "map", "other/img"},
+		}, script: []*commandtest.Step{commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(cli)},
+			want: []string{"other//img@/dev/nbd5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sys := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: MounterNBD}.withDefaults()
+			k := &kernelMapper{c: &cluster{cfg: cfg, run: command.New(commandtest.New(t, tc.script...), nil)}, nbd: true, sysRoot: sys, procRoot: filepath.Join(sys, "proc")}
+			pid := 100
+			for dev, argv := range tc.connect {
+				pid++
+				connectNBD(t, sys, dev, pid, argv...)
+			}
+			list, err := k.nbdList(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, m := range list {
+				got = append(got, m.Pool+"/"+m.Namespace+"/"+m.Image+"@"+m.Device)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("listed %q, want %q", got, tc.want)
+			}
+		})
+	}
 }
 
 const testImage = "csi-vol-0123456789abcdef0123456789abcdef"
@@ -78,14 +155,15 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 	tests := []struct {
 		mounter string
 		list    []*commandtest.Step // how the mapper lists what is mapped
+		program string
 		mapCmd  []string
 		exit    int
 		stderr  string
 		module  string
 	}{
-		{MounterKRBD, nil, []string{"device", "map", "kube/" + testImage}, 2, krbdNoModule, "rbd"},
+		{MounterKRBD, nil, "rbd", []string{"device", "map", "kube/" + testImage}, 2, krbdNoModule, "rbd"},
 		// Without the nbd module nothing can be mapped with it: no list.
-		{MounterNBD, nil, []string{"device", "map", "-t", "nbd", "kube/" + testImage}, 22, nbdNoModule, "nbd"},
+		{MounterNBD, nil, "rbd-nbd", []string{"map", "kube/" + testImage}, 1, nbdNoModule, "nbd"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mounter, func(t *testing.T) {
@@ -93,7 +171,7 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 			steps = append(steps, tt.list...)
 			steps = append(steps,
 				commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).Prints(`{"watchers":[]}`),
-				commandtest.Expect("rbd", with(tt.mapCmd...)...).Exits(tt.exit, tt.stderr),
+				commandtest.Expect(tt.program, with(tt.mapCmd...)...).Exits(tt.exit, tt.stderr),
 				// The probe tries to load the module before it gives up.
 				commandtest.Expect("modprobe", tt.module).Exits(1, noModule(tt.module)),
 			)
@@ -205,6 +283,9 @@ func TestNBDListAndUnmap(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Mapped by "rbd device map -t nbd" (options before "map"): the CLI lists them.
+	connectNBD(t, sys, "/dev/nbd7", 437, "rbd-nbd", "--device", "/dev/nbd7", "map", "kube/"+testImage)
+	connectNBD(t, sys, "/dev/nbd8", 496, "rbd-nbd", "--device", "/dev/nbd8", "map", "kube/csi-vol-ffffffffffffffffffffffffffffffff")
 	ctx := context.Background()
 	id := "kube/" + testImage
 	devs, err := inst.Attacher.Devices(ctx, id)
@@ -215,6 +296,32 @@ func TestNBDListAndUnmap(t *testing.T) {
 	testutil.WantKind(t, err, errdefs.ErrNotFound, "/dev/nbd8")
 	if err := inst.Attacher.Detach(ctx, id, "/dev/nbd7"); err != nil {
 		t.Fatalf("Detach: %v", err)
+	}
+}
+
+// The node's inventory checks every staged volume; under its listing memo
+// the rbd-nbd devices are listed once for all of them (each list starts a
+// Ceph client: 6-12 s on the emulated workers of make e2e-multinode, where
+// a list per volume ran the inventory out of time).
+func TestNBDListedOncePerInventory(t *testing.T) {
+	list := `[{"id":437,"pool":"kube","namespace":"","image":"` + testImage + `","snap":"","device":"/dev/nbd7","cookie":""}]`
+	script := commandtest.New(t,
+		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
+	)
+	inst, sys := kernelInstance(t, MounterNBD, script)
+	if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	connectNBD(t, sys, "/dev/nbd7", 437, "rbd-nbd", "--device", "/dev/nbd7", "map", "kube/"+testImage)
+	ctx := backend.WithListingMemo(context.Background())
+	id := "kube/" + testImage
+	for i := 0; i < 3; i++ {
+		if m, err := inst.Attacher.Identify(ctx, id, "/dev/nbd7"); err != nil || m == nil {
+			t.Fatalf("Identify #%d = %+v, %v; want /dev/nbd7 mapped", i+1, m, err)
+		}
+	}
+	if devs, err := inst.Attacher.Devices(ctx, id); err != nil || len(devs) != 1 || devs[0].Path != "/dev/nbd7" {
+		t.Fatalf("Devices = %+v, %v; want /dev/nbd7", devs, err)
 	}
 }
 

@@ -28,13 +28,24 @@ func init() {
 // its parameters name, else the instance's.
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
 	cfg = cfg.withDefaults()
-	c := &cluster{cfg: cfg, run: run}
+	c := newCluster(cfg, run)
 	removeStaleKeyDirs(c.keyRoot, time.Now())
 	return newInstance(name, c, map[string]mapper{
 		MounterKRBD: &kernelMapper{c: c, sysRoot: "/sys"},
-		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys"},
+		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys", procRoot: "/proc"},
 		MounterFuse: &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name), sysRoot: "/sys", procRoot: "/proc"},
 	}), nil
+}
+
+// newCluster is the instance's cluster client. Its per-call key files go
+// where the programs run by run.Daemons() read them too: the attach
+// daemon's directory when the node plugin has one.
+func newCluster(cfg Config, run *command.Runner) *cluster {
+	c := &cluster{cfg: cfg, run: run, keyRoot: run.DaemonsDir()}
+	if cfg.MaxConcurrentCalls > 0 {
+		c.slots = make(chan struct{}, cfg.MaxConcurrentCalls)
+	}
+	return c
 }
 
 func newInstance(name string, c *cluster, mappers map[string]mapper) *backend.Instance {

@@ -1,0 +1,135 @@
+package multinode
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/spindle-csi/spindle/e2e/kube"
+)
+
+// previousTag is the driver image tag multinode.sh gives the previous
+// release's build (previous-values.yaml names it).
+const previousTag = "previous"
+
+// kernelModes are the attach modes whose devices the kernel serves: a
+// node plugin of any release can be replaced under them.
+var kernelModes = []attachMode{attachModes[0], attachModes[1], attachModes[2]}
+
+// nbdMode is the userspace mode the test keeps in use across the refused
+// upgrade: under chart 0.1.0 its rbd-nbd runs in the node plugin's pod.
+var nbdMode = attachModes[4]
+
+// TestUpgradeFromPreviousChart: the upgrade path from the previous release
+// (chart 0.1.0 and its driver, which multinode.sh builds from that commit,
+// SPINDLE_E2E_PREVIOUS_CHART and _VALUES) to this one, with volumes in use.
+// The release is moved back to 0.1.0 with the values make e2e-multinode
+// gave it then (the node plugin put on the host network by hand). A
+// records writer per kernel attach mode (loop, kernel iSCSI, krbd) runs on
+// worker a, staged by 0.1.0's node plugin, and an rbd-nbd volume is in use
+// too, its rbd-nbd running in that plugin's pod. `helm upgrade` to this
+// chart is refused, naming that volume, its node and its mounter, and
+// changes nothing. Once that volume's pod is gone (its records all read
+// back), as a drain would make it, the upgrade goes through: per kernel
+// mode, the writer sees no I/O error and no gap over 5 s, its pod and
+// VolumeAttachment stay, the new plugin adopts the volume 0.1.0 staged, on
+// the same device, and every record reads back.
+func TestUpgradeFromPreviousChart(t *testing.T) {
+	c := connect(t)
+	h := helmRelease(t, c)
+	prevChart, prevValues := os.Getenv("SPINDLE_E2E_PREVIOUS_CHART"), os.Getenv("SPINDLE_E2E_PREVIOUS_VALUES")
+	if prevChart == "" || prevValues == "" {
+		t.Skip("SPINDLE_E2E_PREVIOUS_CHART and SPINDLE_E2E_PREVIOUS_VALUES name the previous release's chart and values (make e2e-multinode sets them)")
+	}
+	if _, err := os.Stat(filepath.Join(prevChart, "Chart.yaml")); err != nil {
+		t.Skipf("no previous chart (multinode.sh extracts it from the commit PREVIOUS_RELEASE, which a shallow clone lacks): %v", err)
+	}
+	current := h.deployedChart(t)
+	// Moving the release to 0.1.0 removes the attach daemon: nothing may
+	// be attached then (the earlier tests' namespaces are going).
+	c.WaitForWithin(t, "no VolumeAttachment of "+kube.DriverName, 10*time.Minute, func(ctx context.Context) (bool, error) {
+		vas, err := c.Client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, a := range vas.Items {
+			if a.Spec.Attacher == kube.DriverName {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	t.Cleanup(func() {
+		if h.deployedChart(t) != current {
+			if out, err := h.upgradeTo(h.chart, h.values, "--set", "upgrade.allowUserspaceVolumeRestart=true"); err != nil {
+				t.Errorf("moving the release back to %s: %v\n%s", current, err, out)
+			}
+		}
+	})
+	start := time.Now()
+	if out, err := h.upgradeTo(prevChart, prevValues); err != nil {
+		t.Fatalf("moving the release to the previous chart: %v\n%s", err, out)
+	}
+	previous := h.deployedChart(t)
+	t.Logf("the release moved from %s to %s in %v", current, previous, time.Since(start).Round(time.Second))
+	for _, n := range []string{c.a, c.b} {
+		c.waitNodePlugin(t, "the previous release's node plugin on "+n+", ready", n, func(p *corev1.Pod) bool {
+			return imageTag(containerImage(p, "spindle")) == previousTag
+		})
+	}
+	if p := c.attachDaemonPod(t, c.a); p != nil {
+		t.Fatalf("the previous release has no attach daemon, yet pod %s runs on %s", p.Name, c.a)
+	}
+
+	c.everyModeThrough(t, kernelModes, func(t *testing.T) *corev1.Pod {
+		old := c.nodePlugin(t, c.a)
+		nbd := c.startRecords(t, nbdMode)
+		out, err := h.upgradeTo(h.chart, h.values)
+		if err == nil {
+			t.Fatalf("helm upgrade from %s went through with the rbd-nbd volume %s in use on %s, served by the old node plugin's pod (its writer's I/O fails now)", previous, nbd.volumeID, c.a)
+		}
+		msg := string(out)
+		t.Logf("helm upgrade with an rbd-nbd volume in use: %s", strings.TrimSpace(msg))
+		for _, want := range []string{"refusing to upgrade", nbd.volumeID + " on node " + c.a + " (rbd-nbd)", "kubectl drain"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("the refused upgrade's message does not say %q", want)
+			}
+		}
+		if got := h.deployedChart(t); got != previous {
+			t.Errorf("after the refused upgrade the release runs %s, want %s still", got, previous)
+		}
+		if now := c.nodePlugin(t, c.a); now.UID != old.UID {
+			t.Errorf("the refused upgrade replaced the node plugin pod on %s", c.a)
+		}
+		// The rbd-nbd volume's pod leaves the node, as a drain would make
+		// it: its writer saw nothing wrong and its records read back.
+		nbd.finish(t)
+		for _, pod := range []string{"writer", "stopper", "reader"} {
+			c.DeletePod(t, nbd.ns, pod)
+		}
+		c.WaitFor(t, "the rbd-nbd volume to be detached from "+c.a, func(ctx context.Context) (bool, error) {
+			vas, err := c.AttachmentsOf(ctx, nbd.pv)
+			return len(vas) == 0, err
+		})
+
+		start := time.Now()
+		if out, err := h.upgradeTo(h.chart, h.values); err != nil {
+			t.Fatalf("helm upgrade from %s with only kernel-attached volumes in use: %v\n%s", previous, err, out)
+		}
+		t.Logf("helm upgrade from %s to %s took %v", previous, h.deployedChart(t), time.Since(start).Round(time.Second))
+		plugin := c.newNodePlugin(t, c.a, old.UID)
+		if tag := imageTag(containerImage(plugin, "spindle")); tag == previousTag {
+			t.Errorf("the node plugin on %s runs tag %q after the upgrade", c.a, tag)
+		}
+		if c.attachDaemonPod(t, c.a) == nil {
+			t.Errorf("no attach daemon pod on %s after the upgrade to this chart", c.a)
+		}
+		return plugin
+	})
+}
