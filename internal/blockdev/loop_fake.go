@@ -50,15 +50,25 @@ type FakeLoopDevices struct {
 func (f *FakeLoopDevices) ShowFromGoneMount(dev string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if d := f.showLocked(dev); d != nil {
+		d.BackingFile = "/" + filepath.Base(d.BackingFile)
+	}
+}
+
+// showLocked keeps the file dev is really bound to in Shown, once, before
+// its path is shown otherwise; nil when dev is not bound.
+func (f *FakeLoopDevices) showLocked(dev string) *LoopDevice {
 	d, ok := f.Devices[dev]
 	if !ok {
-		return
+		return nil
 	}
 	if f.Shown == nil {
 		f.Shown = map[string]string{}
 	}
-	f.Shown[dev] = d.BackingFile
-	d.BackingFile = "/" + filepath.Base(d.BackingFile)
+	if _, shown := f.Shown[dev]; !shown {
+		f.Shown[dev] = d.BackingFile
+	}
+	return d
 }
 
 // ShowDeleted makes dev's backing file show "(deleted)" although the file
@@ -68,17 +78,9 @@ func (f *FakeLoopDevices) ShowFromGoneMount(dev string) {
 func (f *FakeLoopDevices) ShowDeleted(dev string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	d, ok := f.Devices[dev]
-	if !ok {
-		return
+	if d := f.showLocked(dev); d != nil {
+		d.Deleted = true
 	}
-	if f.Shown == nil {
-		f.Shown = map[string]string{}
-	}
-	if _, gone := f.Shown[dev]; !gone {
-		f.Shown[dev] = d.BackingFile
-	}
-	d.Deleted = true
 }
 
 // Resolve implements LoopDevices: the path, or the file a device shown
