@@ -311,7 +311,7 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 // A lookup answered so makes the kernel drop the dentry the loop device
 // holds, which sysfs then shows "(deleted)" although the file is there and
 // the device serves it: make e2e-multinode's restart test found an
-// adopted rbd-fuse volume so, and every publish of it refused. A
+// adopted rbd-fuse volume so, and every publish of it was refused. A
 // candidate whose file does not match is asked again, goneMountTries
 // times in all, goneMountRetry apart, before the device counts as not the
 // image's.
@@ -360,7 +360,7 @@ func (f *fuseMapper) resolveUnsure(ctx context.Context, d *blockdev.LoopDevice) 
 	return "", false
 }
 
-// goneMountTries is how many times resolveGoneMount asks rbd-fuse.
+// goneMountTries is how many times resolveUnsure asks rbd-fuse.
 const goneMountTries = 3
 
 // goneMountRetry is the pause between two of those tries.
