@@ -20,11 +20,22 @@ const previousTag = "previous"
 
 // kernelModes are the attach modes whose devices the kernel serves: a
 // node plugin of any release can be replaced under them.
-var kernelModes = []attachMode{attachModes[0], attachModes[1], attachModes[2]}
+var kernelModes = []attachMode{modeNamed("loop"), modeNamed("iscsi-kernel"), modeNamed("krbd")}
 
 // nbdMode is the userspace mode the test keeps in use across the refused
 // upgrade: under chart 0.1.0 its rbd-nbd runs in the node plugin's pod.
-var nbdMode = attachModes[4]
+var nbdMode = modeNamed("rbd-nbd")
+
+// modeNamed is the attach mode of that name; a name attachModes lacks is
+// a mistake in this file, caught when the package loads.
+func modeNamed(name string) attachMode {
+	for _, m := range attachModes {
+		if m.name == name {
+			return m
+		}
+	}
+	panic("no attach mode " + name)
+}
 
 // TestUpgradeFromPreviousChart: the upgrade path from the previous release
 // (chart 0.1.0 and its driver, which multinode.sh builds from that commit,
