@@ -22,9 +22,14 @@ const previousTag = "previous"
 // node plugin of any release can be replaced under them.
 var kernelModes = []attachMode{modeNamed("loop"), modeNamed("iscsi-kernel"), modeNamed("krbd")}
 
-// nbdMode is the userspace mode the test keeps in use across the refused
-// upgrade: under chart 0.1.0 its rbd-nbd runs in the node plugin's pod.
-var nbdMode = modeNamed("rbd-nbd")
+// userspaceMode is the userspace mode the test keeps in use across the
+// refused upgrade: under chart 0.1.0 its rbd-fuse runs in the node
+// plugin's pod. Not rbd-nbd: 0.1.0 identifies a mapped nbd device with
+// `rbd device list`, which on an emulated worker outlasted its 30 s per
+// call, so 0.1.0 never staged such a volume there (docs/testing.md, run
+// F). Not the iSCSI userspace path: 0.1.0's image has no
+// qemu-storage-daemon.
+var userspaceMode = modeNamed("rbd-fuse")
 
 // modeNamed is the attach mode of that name; a name attachModes lacks is
 // a mistake in this file, caught when the package loads.
@@ -43,9 +48,9 @@ func modeNamed(name string) attachMode {
 // The release is moved back to 0.1.0 with the values make e2e-multinode
 // gave it then (the node plugin put on the host network by hand). A
 // records writer per kernel attach mode (loop, kernel iSCSI, krbd) runs on
-// worker a, staged by 0.1.0's node plugin, and an rbd-nbd volume is in use
-// too, its rbd-nbd running in that plugin's pod. `helm upgrade` to this
-// chart is refused, naming that volume, its node and its mounter, and
+// worker a, staged by 0.1.0's node plugin, and an rbd-fuse volume is in
+// use too, its rbd-fuse running in that plugin's pod. `helm upgrade` to
+// this chart is refused, naming that volume, its node and its mounter, and
 // changes nothing. Once that volume's pod is gone (its records all read
 // back), as a drain would make it, the upgrade goes through: per kernel
 // mode, the writer sees no I/O error and no gap over 5 s, its pod and
@@ -100,14 +105,14 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 
 	c.everyModeThrough(t, kernelModes, func(t *testing.T) *corev1.Pod {
 		old := c.nodePlugin(t, c.a)
-		nbd := c.startRecords(t, nbdMode)
+		user := c.startRecords(t, userspaceMode)
 		out, err := h.upgradeTo(h.chart, h.values)
 		if err == nil {
-			t.Fatalf("helm upgrade from %s went through with the rbd-nbd volume %s in use on %s, served by the old node plugin's pod (its writer's I/O fails now)", previous, nbd.volumeID, c.a)
+			t.Fatalf("helm upgrade from %s went through with the rbd-fuse volume %s in use on %s, served by the old node plugin's pod (its writer's I/O fails now)", previous, user.volumeID, c.a)
 		}
 		msg := string(out)
-		t.Logf("helm upgrade with an rbd-nbd volume in use: %s", strings.TrimSpace(msg))
-		for _, want := range []string{"refusing to upgrade", nbd.volumeID + " on node " + c.a + " (rbd-nbd)", "kubectl drain"} {
+		t.Logf("helm upgrade with an rbd-fuse volume in use: %s", strings.TrimSpace(msg))
+		for _, want := range []string{"refusing to upgrade", user.volumeID + " on node " + c.a + " (rbd-fuse)", "kubectl drain"} {
 			if !strings.Contains(msg, want) {
 				t.Errorf("the refused upgrade's message does not say %q", want)
 			}
@@ -118,14 +123,14 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		if now := c.nodePlugin(t, c.a); now.UID != old.UID {
 			t.Errorf("the refused upgrade replaced the node plugin pod on %s", c.a)
 		}
-		// The rbd-nbd volume's pod leaves the node, as a drain would make
+		// The userspace volume's pod leaves the node, as a drain would make
 		// it: its writer saw nothing wrong and its records read back.
-		nbd.finish(t)
+		user.finish(t)
 		for _, pod := range []string{"writer", "stopper", "reader"} {
-			c.DeletePod(t, nbd.ns, pod)
+			c.DeletePod(t, user.ns, pod)
 		}
-		c.WaitFor(t, "the rbd-nbd volume to be detached from "+c.a, func(ctx context.Context) (bool, error) {
-			vas, err := c.AttachmentsOf(ctx, nbd.pv)
+		c.WaitFor(t, "the rbd-fuse volume to be detached from "+c.a, func(ctx context.Context) (bool, error) {
+			vas, err := c.AttachmentsOf(ctx, user.pv)
 			return len(vas) == 0, err
 		})
 
