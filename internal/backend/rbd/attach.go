@@ -86,20 +86,18 @@ func checkContext(r ref, pc map[string]string) error {
 // whether this node can map images at all.
 func (source) Probe(context.Context) error { return nil }
 
-// RecordFormatted notes the filesystem in spindle.formatted.
+// RecordFormatted notes the filesystem in spindle.formatted, with one
+// Ceph client call: the node asks only when the image it read at this
+// stage showed no filesystem, and setting the one key again is harmless.
+// Reading the image first cost two more calls per first stage, which on
+// a loaded node took a stage past kubelet's 2 minutes: it was undone and
+// retried whole, again and again.
 func (s *Store) RecordFormatted(ctx context.Context, imageID, fsType string) error {
 	r, err := s.volumeRef(imageID)
 	if err != nil {
 		return err
 	}
 	defer s.locks.lock(imageID)()
-	img, err := s.Get(ctx, imageID)
-	if err != nil {
-		return err
-	}
-	if img.Formatted && img.FsType == fsType {
-		return nil
-	}
 	return s.setMeta(ctx, r, map[string]string{metaFormatted: fsType})
 }
 

@@ -416,3 +416,32 @@ func TestProbeLoadsTheKernelModule(t *testing.T) {
 		})
 	}
 }
+
+// The node records a filesystem it made with one Ceph client call, no
+// read of the image first: on a loaded node every call takes seconds, and
+// two more per first stage took stages past kubelet's 2 minutes. A volume
+// deleted meanwhile is NOT_FOUND.
+func TestRecordFormattedIsOneCall(t *testing.T) {
+	set := with("image-meta", "set", "kube/"+testImage, metaFormatted, "ext4")
+	tests := []struct {
+		name     string
+		step     *commandtest.Step
+		wantKind error // nil: recorded
+	}{
+		{"recorded", commandtest.Expect("rbd", set...), nil},
+		{"image gone", commandtest.Expect("rbd", set...).Exits(2, "rbd: error opening image "+testImage+": (2) No such file or directory"), errdefs.ErrNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, tc.step))
+			err := inst.Attacher.RecordFormatted(context.Background(), "kube/"+testImage, "ext4")
+			if tc.wantKind == nil {
+				if err != nil {
+					t.Fatalf("RecordFormatted: %v", err)
+				}
+				return
+			}
+			testutil.WantKind(t, err, tc.wantKind, testImage)
+		})
+	}
+}
