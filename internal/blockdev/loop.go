@@ -58,7 +58,8 @@ type LoopDevices interface {
 	// is gone (a node plugin container that restarted took its bind mount
 	// of the pool with it) the path starts at that mount's root
 	// ("/pvc-….img"). Such a path must be the end of file, and the file is
-	// then compared by device and inode, never by name alone.
+	// then compared by device and inode, never by name alone; so is a path
+	// shown "(deleted)", which a match clears.
 	Resolve(d *LoopDevice, file string) (bool, error)
 	// InUse reports whether dev is held by a mount or another exclusive user.
 	InUse(dev string) (bool, error)
@@ -300,7 +301,11 @@ func (l *losetup) Resolve(d *LoopDevice, file string) (bool, error) {
 	if d.BackingFile == file {
 		return true, nil
 	}
-	if d.Deleted || !endsWithPath(file, d.BackingFile) {
+	// A path shown "(deleted)" is compared by device and inode as well:
+	// an unlinked file's inode, which the device holds, is no live file's,
+	// while a FUSE file whose dentry the kernel dropped (rbd-fuse answered
+	// a lookup ENOENT under load) shows "(deleted)" and is still there.
+	if !endsWithPath(file, d.BackingFile) {
 		return false, nil
 	}
 	var st unix.Stat_t
@@ -325,7 +330,7 @@ func (l *losetup) Resolve(d *LoopDevice, file string) (bool, error) {
 	if info.Device != st.Dev || info.Inode != st.Ino {
 		return false, nil
 	}
-	d.BackingFile = file
+	d.BackingFile, d.Deleted = file, false
 	return true, nil
 }
 

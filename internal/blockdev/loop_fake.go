@@ -102,7 +102,7 @@ func (f *FakeLoopDevices) resolveLocked(d *LoopDevice, file string) bool {
 		f.Unanswered[d.Path]--
 		return false
 	}
-	d.BackingFile = file
+	d.BackingFile, d.Deleted = file, false
 	return true
 }
 

@@ -101,3 +101,70 @@ func TestLosetupDeviceBoundThroughAGoneMount(t *testing.T) {
 		t.Errorf("BoundUnder(%s) = %+v, %v; want %s bound to %s among them", pool, under, err, dev, file)
 	}
 }
+
+// A device bound through a gone mount whose file sysfs shows "(deleted)"
+// while the file is there, as rbd-fuse's file shows once rbd-fuse has
+// answered a lookup ENOENT under load (the kernel drops the dentry the
+// device holds; issue 31: an upgrade's NodeUnstage missed such a device
+// and left it and its rbd-fuse mount behind). Made here with hard links:
+// the file unlinked and linked back, the same inode under the same name.
+// The same inode is the file's; another file of that name is not.
+func TestLosetupDeletedDentryOfALiveFile(t *testing.T) {
+	testutil.RequireRoot(t, "binds a loop device in a mount namespace of its own")
+	testutil.RequireCommands(t, "losetup", "unshare", "mount")
+	pool := t.TempDir()
+	file, keep := filepath.Join(pool, "csi-vol-relinked"), filepath.Join(pool, "keep")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(file, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mkdir -p "$1" && mount --bind "$2" "$1" && losetup --find --show "$1/csi-vol-relinked"`, "sh",
+		filepath.Join(t.TempDir(), "container-view"), pool).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot bind a loop device in a mount namespace of its own here: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	for _, step := range []func() error{
+		func() error { return os.Link(file, keep) },
+		func() error { return os.Remove(file) },
+		func() error { return os.Link(keep, file) },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	l := newLosetup(command.New(nil, nil))
+	d, err := l.Get(t.Context(), dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.BackingFile != "/csi-vol-relinked" || !d.Deleted {
+		t.Skipf("sysfs shows %s bound to %q (deleted: %t), not the gone mount's deleted path this test is about", dev, d.BackingFile, d.Deleted)
+	}
+	if ok, err := l.Resolve(d, file); err != nil || !ok || d.BackingFile != file || d.Deleted {
+		t.Errorf("Resolve(%s, %s) = %t, %v, %+v; want true, the file, not deleted", dev, file, ok, err, d)
+	}
+	bound, err := l.BoundTo(t.Context(), file)
+	if err != nil || len(bound) != 1 || bound[0].Path != dev || bound[0].Deleted {
+		t.Errorf("BoundTo(%s) = %+v, %v; want %s, not deleted", file, bound, err, dev)
+	}
+	// Another file of that name: the device's inode is no longer there.
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, _ = l.Get(t.Context(), dev)
+	if ok, err := l.Resolve(d, file); err != nil || ok {
+		t.Errorf("Resolve(%s, %s) after the file was replaced = %t, %v; want false", dev, file, ok, err)
+	}
+	if bound, err := l.BoundTo(t.Context(), file); err != nil || len(bound) != 0 {
+		t.Errorf("BoundTo(%s) after the file was replaced = %+v, %v; want none", file, bound, err)
+	}
+}
