@@ -137,6 +137,12 @@ func TestFuseMountRunsInTheAttachDaemon(t *testing.T) {
 	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
 		t.Fatalf("Identify(%s) shown \"/%s (deleted)\" = %+v, %v; want image kube/%s", dev, testImage, m, err, testImage)
 	}
+	// NodeUnstage finds it so too, though rbd-fuse answers ENOENT twice
+	// more: taken for unmapped, the device and its mount were left behind.
+	loops.Unanswered = map[string]int{dev: 2}
+	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
+		t.Fatalf("Mapped shown \"/%s (deleted)\" while rbd-fuse answered ENOENT twice = %+v, %v; want %s", testImage, got, err, dev)
+	}
 	loops.Devices[dev].BackingFile = filepath.Join(dir, testImage)
 	delete(loops.Shown, dev)
 	loops.ShowDeleted(dev)

@@ -248,7 +248,7 @@ func (f *fuseMapper) awaitExit(ctx context.Context, pid string) {
 
 // Mapped lists the loop devices bound to the image's rbd-fuse file.
 func (f *fuseMapper) Mapped(ctx context.Context, r ref) ([]mapped, error) {
-	devs, err := f.loops.BoundTo(ctx, f.file(r))
+	devs, err := f.boundToFile(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +267,31 @@ func (f *fuseMapper) Mapped(ctx context.Context, r ref) ([]mapped, error) {
 		out = append(out, mapped{Device: d.Path, Pool: r.pool, Namespace: r.namespace, Image: r.image, ReadOnly: d.ReadOnly})
 	}
 	return out, nil
+}
+
+// boundToFile lists the loop devices bound to the image's rbd-fuse file.
+// One bound through a gone mount is found by device and inode, which asks
+// rbd-fuse (a stat of its file), and rbd-fuse answers ENOENT while it
+// cannot open the image (resolveUnsure): while the image's rbd-fuse mount
+// is there and no device is found, it asks again, goneMountTries times in
+// all. Taking the image for unmapped on one such answer made an upgrade's
+// NodeUnstage leave the device and its rbd-fuse mount behind, and the
+// volume's next stage on that node met its watcher.
+func (f *fuseMapper) boundToFile(ctx context.Context, r ref) ([]blockdev.LoopDevice, error) {
+	for try := 1; ; try++ {
+		devs, err := f.loops.BoundTo(ctx, f.file(r))
+		if err != nil || len(devs) > 0 || try == goneMountTries {
+			return devs, err
+		}
+		if mounted, err := f.mounted(f.mountDir(r)); err != nil || !mounted {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(f.goneMountRetry()):
+		}
+	}
 }
 
 // Makes: rbd-fuse's devices are loop devices.
