@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spindle-csi/spindle/e2e/kube"
@@ -48,11 +49,12 @@ func modeNamed(name string) attachMode {
 // The release is moved back to 0.1.0 with the values make e2e-multinode
 // gave it then (the node plugin put on the host network by hand). A
 // records writer per kernel attach mode (loop, kernel iSCSI, krbd) runs on
-// worker a, staged by 0.1.0's node plugin, and an rbd-fuse volume is in
-// use too, its rbd-fuse running in that plugin's pod. `helm upgrade` to
-// this chart is refused, naming that volume, its node and its mounter, and
-// changes nothing. Once that volume's pod is gone (its records all read
-// back), as a drain would make it, the upgrade goes through: per kernel
+// worker a, staged by 0.1.0's node plugin, and an rbd-fuse volume is
+// attached there for a pod too (its rbd-fuse would run in that plugin's
+// pod). `helm upgrade` to this chart is refused, naming that volume, its
+// node and its mounter, and changes nothing. Once that volume's pod is
+// gone and the volume detached, as a drain would make it, the upgrade
+// goes through: per kernel
 // mode, the writer sees no I/O error and no gap over 5 s, its pod and
 // VolumeAttachment stay, the new plugin adopts the volume 0.1.0 staged, on
 // the same device, and every record reads back.
@@ -105,14 +107,26 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 
 	c.everyModeThrough(t, kernelModes, func(t *testing.T) *corev1.Pod {
 		old := c.nodePlugin(t, c.a)
-		user := c.startRecords(t, userspaceMode)
+		// The refusal reads the VolumeAttachments: an rbd-fuse volume
+		// attached to worker a for a pod there is in use. The test does
+		// not wait for 0.1.0's node plugin to stage it: on an emulated
+		// worker its every stage of an RBD volume in userspace passed
+		// kubelet's 2 minutes (docs/testing.md, run G).
+		ns := c.Namespace(t)
+		_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: userspaceMode.class, Size: "256Mi"})
+		c.Pod(t, ns, "user", "data", kube.PodOptions{Node: c.a, Args: []string{"records", recordsFile, "600"}})
+		volumeID := pv.Spec.CSI.VolumeHandle
+		va := c.Attachment(t, pv.Name, c.a, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+		if got := va.Status.AttachmentMetadata["mounter"]; got != "rbd-fuse" {
+			t.Fatalf("the rbd-fuse volume's VolumeAttachment names mounter %q in its metadata, want rbd-fuse", got)
+		}
 		out, err := h.upgradeTo(h.chart, h.values)
 		if err == nil {
-			t.Fatalf("helm upgrade from %s went through with the rbd-fuse volume %s in use on %s, served by the old node plugin's pod (its writer's I/O fails now)", previous, user.volumeID, c.a)
+			t.Fatalf("helm upgrade from %s went through with the rbd-fuse volume %s in use on %s, served by the old node plugin's pod (its pod's I/O fails now)", previous, volumeID, c.a)
 		}
 		msg := string(out)
 		t.Logf("helm upgrade with an rbd-fuse volume in use: %s", strings.TrimSpace(msg))
-		for _, want := range []string{"refusing to upgrade", user.volumeID + " on node " + c.a + " (rbd-fuse)", "kubectl drain"} {
+		for _, want := range []string{"refusing to upgrade", volumeID + " on node " + c.a + " (rbd-fuse)", "kubectl drain"} {
 			if !strings.Contains(msg, want) {
 				t.Errorf("the refused upgrade's message does not say %q", want)
 			}
@@ -123,14 +137,10 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		if now := c.nodePlugin(t, c.a); now.UID != old.UID {
 			t.Errorf("the refused upgrade replaced the node plugin pod on %s", c.a)
 		}
-		// The userspace volume's pod leaves the node, as a drain would make
-		// it: its writer saw nothing wrong and its records read back.
-		user.finish(t)
-		for _, pod := range []string{"writer", "stopper", "reader"} {
-			c.DeletePod(t, user.ns, pod)
-		}
-		c.WaitFor(t, "the rbd-fuse volume to be detached from "+c.a, func(ctx context.Context) (bool, error) {
-			vas, err := c.AttachmentsOf(ctx, user.pv)
+		// Its pod leaves the node, as a drain would make it.
+		c.DeletePod(t, ns, "user")
+		c.WaitForWithin(t, "the rbd-fuse volume to be detached from "+c.a, writerStartTimeout, func(ctx context.Context) (bool, error) {
+			vas, err := c.AttachmentsOf(ctx, pv.Name)
 			return len(vas) == 0, err
 		})
 
