@@ -22,24 +22,8 @@ func TestLosetupDeviceBoundThroughAGoneMount(t *testing.T) {
 	pool := t.TempDir()
 	file := filepath.Join(pool, "pvc-gone-mount.img")
 	other := filepath.Join(pool, "pvc-other.img")
-	for _, f := range []string{file, other} {
-		if err := os.WriteFile(f, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(f, 8<<20); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The pool bind-mounted at another path in a private mount namespace
-	// that ends with the command: the container's view of a hostPath.
-	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
-		`mkdir -p "$1" && mount --bind "$2" "$1" && losetup --find --show "$1/pvc-gone-mount.img"`, "sh",
-		filepath.Join(t.TempDir(), "container-view"), pool).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot bind a loop device in a mount namespace of its own here: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	sparseFile(t, other)
+	dev := bindThroughGoneMount(t, pool, file)
 
 	l := newLosetup(command.New(nil, nil))
 	d, err := l.Get(t.Context(), dev)
@@ -69,15 +53,11 @@ func TestLosetupDeviceBoundThroughAGoneMount(t *testing.T) {
 	}
 	// A mount of the file itself (a FUSE export over a file) shows as "/".
 	fileMount, exported := filepath.Join(t.TempDir(), "export"), filepath.Join(pool, "pvc-exported.img")
-	for _, f := range []string{fileMount, exported} {
-		if err := os.WriteFile(f, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Truncate(exported, 8<<20); err != nil {
+	if err := os.WriteFile(fileMount, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err = exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+	sparseFile(t, exported)
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		`mount --bind "$2" "$1" && losetup --find --show "$1"`, "sh", fileMount, exported).CombinedOutput()
 	if err != nil {
 		t.Fatalf("bind a loop device through a mount of the file itself: %v: %s", err, out)
@@ -114,20 +94,7 @@ func TestLosetupDeletedDentryOfALiveFile(t *testing.T) {
 	testutil.RequireCommands(t, "losetup", "unshare", "mount")
 	pool := t.TempDir()
 	file, keep := filepath.Join(pool, "csi-vol-relinked"), filepath.Join(pool, "keep")
-	if err := os.WriteFile(file, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(file, 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
-		`mkdir -p "$1" && mount --bind "$2" "$1" && losetup --find --show "$1/csi-vol-relinked"`, "sh",
-		filepath.Join(t.TempDir(), "container-view"), pool).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot bind a loop device in a mount namespace of its own here: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	dev := bindThroughGoneMount(t, pool, file)
 	for _, step := range []func() error{
 		func() error { return os.Link(file, keep) },
 		func() error { return os.Remove(file) },
@@ -167,4 +134,33 @@ func TestLosetupDeletedDentryOfALiveFile(t *testing.T) {
 	if bound, err := l.BoundTo(t.Context(), file); err != nil || len(bound) != 0 {
 		t.Errorf("BoundTo(%s) after the file was replaced = %+v, %v; want none", file, bound, err)
 	}
+}
+
+// sparseFile makes an 8 MiB sparse file at path.
+func sparseFile(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// bindThroughGoneMount makes file (in pool) and binds a loop device to it
+// through pool bind-mounted at another path, in a private mount namespace
+// that ends with the command: the view of a container of a hostPath,
+// gone once it stops. The device is detached when the test ends.
+func bindThroughGoneMount(t *testing.T, pool, file string) string {
+	t.Helper()
+	sparseFile(t, file)
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mkdir -p "$1" && mount --bind "$2" "$1" && losetup --find --show "$1/$3"`, "sh",
+		filepath.Join(t.TempDir(), "container-view"), pool, filepath.Base(file)).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot bind a loop device in a mount namespace of its own here: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	return dev
 }
