@@ -58,8 +58,8 @@ type LoopDevices interface {
 	// is gone (a node plugin container that restarted took its bind mount
 	// of the pool with it) the path starts at that mount's root
 	// ("/pvc-….img"). Such a path must be the end of file, and the file is
-	// then compared by device and inode, never by name alone; so is a path
-	// shown "(deleted)", which a match clears.
+	// then compared by device and inode, never by name alone, also when
+	// it is shown "(deleted)" (a match clears Deleted).
 	Resolve(d *LoopDevice, file string) (bool, error)
 	// InUse reports whether dev is held by a mount or another exclusive user.
 	InUse(dev string) (bool, error)

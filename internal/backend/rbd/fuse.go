@@ -30,7 +30,7 @@ type fuseMapper struct {
 	dir      string // <fuseDir>/<instance>
 	sysRoot  string
 	procRoot string // "/proc"
-	// retryPause replaces goneMountRetry's second when set (tests).
+	// retryPause replaces pauseBeforeAsking's second when set (tests).
 	retryPause time.Duration
 }
 
@@ -286,10 +286,8 @@ func (f *fuseMapper) boundToFile(ctx context.Context, r ref) ([]blockdev.LoopDev
 		if mounted, err := f.mounted(f.mountDir(r)); err != nil || !mounted {
 			return nil, err
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(f.goneMountRetry()):
+		if err := f.pauseBeforeAsking(ctx); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -338,8 +336,8 @@ func (f *fuseMapper) Identify(ctx context.Context, dev string) (*mapped, error) 
 // the device serves it: make e2e-multinode's restart test found an
 // adopted rbd-fuse volume so, and every publish of it was refused. A
 // candidate whose file does not match is asked again, goneMountTries
-// times in all, goneMountRetry apart, before the device counts as not the
-// image's.
+// times in all, a second apart (pauseBeforeAsking), before the device
+// counts as not the image's.
 func (f *fuseMapper) resolveUnsure(ctx context.Context, d *blockdev.LoopDevice) (string, bool) {
 	image := filepath.Base(d.BackingFile)
 	goneMount := image != "/" && d.BackingFile == "/"+image
@@ -376,24 +374,30 @@ func (f *fuseMapper) resolveUnsure(ctx context.Context, d *blockdev.LoopDevice) 
 		if try == goneMountTries {
 			break
 		}
-		select {
-		case <-ctx.Done():
+		if f.pauseBeforeAsking(ctx) != nil {
 			return "", false
-		case <-time.After(f.goneMountRetry()):
 		}
 	}
 	return "", false
 }
 
-// goneMountTries is how many times resolveUnsure asks rbd-fuse.
+// goneMountTries is how many times resolveUnsure and boundToFile ask
+// rbd-fuse.
 const goneMountTries = 3
 
-// goneMountRetry is the pause between two of those tries.
-func (f *fuseMapper) goneMountRetry() time.Duration {
+// pauseBeforeAsking waits between two of those tries (a second, or the
+// test's retryPause), or returns the context's error.
+func (f *fuseMapper) pauseBeforeAsking(ctx context.Context) error {
+	pause := time.Second
 	if f.retryPause > 0 {
-		return f.retryPause
+		pause = f.retryPause
 	}
-	return time.Second
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(pause):
+		return nil
+	}
 }
 
 // Refresh has the loop driver re-read the file's size, which rbd-fuse
