@@ -111,7 +111,15 @@ type transport struct {
 	mappers map[string]mapper // by mounter
 }
 
-var _ backend.Transport = (*transport)(nil)
+var _ backend.SessionTransport = (*transport)(nil)
+
+// releaser is a mapper that keeps something per image beside its devices:
+// rbd-fuse's mount.
+type releaser interface {
+	// Release ends what is left of r on this node once r has no device
+	// here; something still in use is ErrPrecondition.
+	Release(ctx context.Context, r ref) error
+}
 
 // Map implements backend.Transport.
 func (t *transport) Map(ctx context.Context, req backend.MapRequest) (string, error) {
@@ -204,6 +212,27 @@ func (t *transport) Unmap(ctx context.Context, imageID, devicePath string) error
 		return err
 	}
 	return t.recordUnmapOptions(devicePath, "")
+}
+
+// Release implements backend.SessionTransport: once the image has no
+// device left on this node, neither may a mapper's per-image state be
+// (an rbd-fuse mount keeps its watch on the image, and the volume's next
+// stage on any node meets it). A mount still in use is a device the
+// device list missed: refused, so that NodeUnstage fails and is retried
+// rather than reporting a volume released that is not.
+func (t *transport) Release(ctx context.Context, imageID string) error {
+	r, err := t.s.volumeRef(imageID)
+	if err != nil {
+		return nil
+	}
+	for _, name := range mounterOrder {
+		if rel, ok := t.mappers[name].(releaser); ok {
+			if err := rel.Release(ctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Mapped implements backend.Transport: the image's devices of every kind.

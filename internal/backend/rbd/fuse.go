@@ -180,6 +180,15 @@ func (f *fuseMapper) Unmap(ctx context.Context, r ref, dev, _ string) error {
 	return f.unmount(ctx, f.mountDir(r))
 }
 
+// Release unmounts the image's rbd-fuse mount if one is left: Unmap
+// unmounts it with the image's last device, but a device bound through a
+// replaced node plugin's mount is found only while rbd-fuse answers a
+// stat of its file, and a crash between detach and unmount leaves the
+// mount alone. A mount a device still holds is busy: ErrPrecondition.
+func (f *fuseMapper) Release(ctx context.Context, r ref) error {
+	return f.unmount(ctx, f.mountDir(r))
+}
+
 func (f *fuseMapper) unmount(ctx context.Context, dir string) error {
 	mounted, err := f.mounted(dir)
 	if err != nil {
@@ -194,7 +203,7 @@ func (f *fuseMapper) unmount(ctx context.Context, dir string) error {
 		// and so would NodeUnstage. The system call never asks rbd-fuse.
 		if err := unix.Unmount(dir, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			if errors.Is(err, unix.EBUSY) {
-				return errdefs.Precondition("rbd-fuse mount %s is still in use: %v", dir, err)
+				return errdefs.Precondition("rbd-fuse mount %s is still in use (a loop device or a process holds its file open): %v", dir, err)
 			}
 			return fmt.Errorf("unmount rbd-fuse at %s: %w", dir, err)
 		}
