@@ -56,6 +56,9 @@ const (
 	// stage's Ceph client calls take 6-12 s each on an emulated worker),
 	// and for the stoppers and readers, which every mode starts at once.
 	writerStartTimeout = 10 * time.Minute
+	// timeOfDay is how the test and the writers (spindle-e2e-pod) print
+	// a moment, in UTC.
+	timeOfDay = "15:04:05.000"
 	// recordsFile is the writer's file on the volume.
 	recordsFile = "/data/records"
 )
@@ -150,7 +153,11 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 		t.Parallel()
 		defer close(disrupted)
 		writing.Wait()
+		start := time.Now()
 		plugin = disrupt(t)
+		// The writers print their gaps with the time (UTC): this places
+		// them against the disruption.
+		t.Logf("the disruption ran from %s to %s UTC", start.UTC().Format(timeOfDay), time.Now().UTC().Format(timeOfDay))
 	})
 	if !selected {
 		t.Fatalf("-run leaves out %s/disruption, which every mode's check needs", t.Name())

@@ -187,6 +187,9 @@ func record(n int) string { return fmt.Sprintf("record %010d\n", n) }
 
 const recordEvery = 100 * time.Millisecond
 
+// timeOfDay is how the writer and the tests print a moment (UTC).
+const timeOfDay = "15:04:05.000"
+
 // stopSuffix names the file whose existence stops a records writer.
 const stopSuffix = ".stop"
 
@@ -227,7 +230,9 @@ func writeRecords(path string, d time.Duration) (string, error) {
 			maxGap = gap
 		}
 		if gap := now.Sub(last); gap > time.Second {
-			fmt.Printf("gap %dms before record %d\n", gap.Milliseconds(), n)
+			// The wall-clock time places the gap against the disruption's
+			// (the test logs when that ran).
+			fmt.Printf("gap %dms before record %d at %s\n", gap.Milliseconds(), n, now.UTC().Format(timeOfDay))
 		}
 		last, acked = now, n
 		if n == 1 || n%50 == 0 {
