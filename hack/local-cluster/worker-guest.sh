@@ -159,6 +159,16 @@ kubelet_pid=$!
 say "kubelet started ($(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN {printf "%.1f", b - a}') s after run.sh began)"
 echo "$kubelet_pid" >/run/kubelet.pid
 
+# run_exec F: runs the host's command file F (workers.sh exec) and hands
+# back its output and exit status, the status file last and whole (the host
+# waits for it, then reads both).
+run_exec() {
+  local f=$1 base=${1%.sh} rc=0
+  timeout 300 bash "$f" >"$base.out.tmp" 2>&1 </dev/null || rc=$?
+  mv "$base.out.tmp" "$base.out" && rm -f "$f" &&
+    echo "$rc" >"$base.rc.tmp" && mv "$base.rc.tmp" "$base.rc"
+}
+
 # Until the host asks to stop (or kills the guest).
 mkdir -p "$SHARE/exec"
 while [ ! -e "$SHARE/stop" ]; do
@@ -167,11 +177,10 @@ while [ ! -e "$SHARE/stop" ]; do
   fi
   for f in "$SHARE"/exec/*.sh; do
     [ -e "$f" ] || continue
-    rc=0
-    timeout 300 bash "$f" >"${f%.sh}.out.tmp" 2>&1 </dev/null || rc=$?
-    mv "${f%.sh}.out.tmp" "${f%.sh}.out"
-    rm -f "$f"
-    echo "$rc" >"${f%.sh}.rc"
+    # Not under set -e: a result that cannot be handed back (the share's
+    # file gone, as once after a host-side caller gave up) once ended this
+    # loop, and with it the worker and every volume on it.
+    run_exec "$f" || say "exec $(basename "$f"): its result could not be handed back"
   done
   sleep 1
 done

@@ -247,7 +247,7 @@ exec)
   mkdir -p "$(dirname "$x")"
   printf '%s\n' "$*" >"$x.sh.tmp" && mv "$x.sh.tmp" "$x.sh"
   for _ in $(seq 1 620); do [ -e "$x.rc" ] && break; sleep 0.5; done
-  [ -e "$x.rc" ] || die "$name did not run the command in 310 s"
+  [ -e "$x.rc" ] || die "$name did not run the command in 310 s (left for it: $x.sh)"
   cat "$x.out"
   rc=$(cat "$x.rc")
   rm -f "$x.out" "$x.rc"
