@@ -212,11 +212,11 @@ type recordsWriter struct {
 	watch    *attachmentWatch
 	// before is the last record the writer had logged when the
 	// disruption began (it logs every 50th, and each gap over a second):
-	// gaps before later records are
-	// the disruption's to answer for. A writer's first minutes can pause
-	// on their own (a fresh ext4 initialises its inode tables in the
-	// background: run L's loop writer paused 6.9 s at its 15th record,
-	// before the disruption began).
+	// gaps before later records are the disruption's to answer for, and
+	// earlier ones are not (run L's loop writer logged a 6.9 s pause at
+	// its 15th record, by the worker's clock 1.5 s before the disruption
+	// began). The record lags the disruption's start, so a gap just
+	// before it still counts.
 	before int
 }
 
