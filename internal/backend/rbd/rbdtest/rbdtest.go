@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -175,6 +176,10 @@ func start() (*Cluster, error) {
 		c.stop()
 		return nil, fmt.Errorf("hack/ceph-up.sh failed after %s: %v:\n%s", c.StartUp.Round(time.Millisecond), err, tail(string(out), 2000))
 	}
+	if err := c.stopOnExit(); err != nil {
+		c.stop()
+		return nil, fmt.Errorf("start the cluster's watchdog: %v", err)
+	}
 	key, err := exec.CommandContext(ctx, "ceph-authtool", "-p", "-n", "client.admin", filepath.Join(c.Dir, "ceph.client.admin.keyring")).Output()
 	if err != nil {
 		c.stop()
@@ -194,6 +199,22 @@ func tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
+}
+
+// stopOnExit starts a watchdog, in a session of its own, that runs
+// ceph-down.sh once this test process is gone and the cluster's directory
+// is still there: a `go test -timeout` panic skips every cleanup and left
+// the mon, mgr and OSD running. It lives as long as the test process, so
+// it has no deadline; its output goes nowhere, so go test does not wait
+// for it.
+func (c *Cluster) stopOnExit() error {
+	const script = `while kill -0 "$1" 2>/dev/null; do sleep 2; done; [ -d "$2" ] || exit 0; LC_ALL=C timeout 60 "$3" "$2"; rm -rf "$4"`
+	cmd := exec.Command("sh", "-c", script, "rbdtest-watchdog", strconv.Itoa(os.Getpid()), c.Dir, filepath.Join(c.HackDir, "ceph-down.sh"), filepath.Dir(c.Dir))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	return cmd.Process.Release()
 }
 
 func (c *Cluster) stop() {
