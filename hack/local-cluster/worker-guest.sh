@@ -159,6 +159,37 @@ kubelet_pid=$!
 say "kubelet started ($(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN {printf "%.1f", b - a}') s after run.sh began)"
 echo "$kubelet_pid" >/run/kubelet.pid
 
+# sample_stalls: once a second, every task that has been in uninterruptible
+# sleep (state D) for two samples running, with its kernel stack, into
+# $STALLS with the UTC time. A volume's I/O pausing for seconds (a writer's
+# gap, docs/testing.md) then shows where in the kernel it waited. The file is
+# on tmpfs (a pause of the 9p share must not stall the sampler too); the
+# loop below copies it to out/ when it grew.
+STALLS=/run/spindle-stalls.log
+sample_stalls() {
+  set +e
+  local prev="" now st line state pid
+  while :; do
+    now=""
+    for st in /proc/[0-9]*/stat; do
+      read -r line <"$st" 2>/dev/null || continue
+      state=${line##*) }
+      [ "${state:0:1}" = D ] || continue
+      pid=${st#/proc/}; pid=${pid%/stat}
+      now="$now $pid"
+      case " $prev " in
+      *" $pid "*)
+        { echo "=== $(date -u +%H:%M:%S.%3N) pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null)) in D"
+          cat "/proc/$pid/stack" 2>/dev/null; } >>"$STALLS" ;;
+      esac
+    done
+    prev=$now
+    sleep 1
+  done
+}
+sample_stalls </dev/null >/dev/null 2>&1 &
+stalls_copied=0
+
 # run_exec F: runs the host's command file F (workers.sh exec) and hands
 # back its output and exit status, the status file last and whole (the host
 # waits for it, then reads both).
@@ -182,6 +213,10 @@ while [ ! -e "$SHARE/stop" ]; do
     # loop, and with it the worker and every volume on it.
     run_exec "$f" || say "exec $(basename "$f"): its result could not be handed back"
   done
+  stalls_size=$(stat -c %s "$STALLS" 2>/dev/null || echo 0)
+  if [ "$stalls_size" != "$stalls_copied" ]; then
+    cp "$STALLS" "$OUT/stalls.log" && stalls_copied=$stalls_size
+  fi
   sleep 1
 done
 say "stopping"
