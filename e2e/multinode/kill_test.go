@@ -26,7 +26,7 @@ func TestKillDuringStageConverges(t *testing.T) {
 	c := connect(t)
 	for _, m := range attachModes {
 		t.Run(m.name, func(t *testing.T) {
-			w := c.startRecords(t, m)
+			w := c.startRecords(t, m, c.a)
 			plugin := c.nodePlugin(t, c.a)
 			restarts := containerRestarts(plugin, "spindle")
 

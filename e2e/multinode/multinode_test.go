@@ -53,6 +53,9 @@ type cluster struct {
 	a, b string
 }
 
+// workers are the two worker nodes, a first.
+func (c *cluster) workers() []string { return []string{c.a, c.b} }
+
 func connect(t *testing.T) *cluster {
 	t.Helper()
 	workers := strings.Fields(os.Getenv("SPINDLE_E2E_WORKERS"))

@@ -64,23 +64,26 @@ const (
 )
 
 // TestNodePluginRestartKeepsIO: a records writer of every attach mode runs
-// on worker a at once, as a node's volumes would (each a pod committing a
-// numbered record every 100 ms to its volume), while the node plugin pod
-// on that worker is deleted and its DaemonSet starts a new one. Per mode
-// (TestNodePluginRestartKeepsIO/<mode>): the writer logs no I/O error and
-// no gap over 5 s, it is never restarted, the VolumeAttachment stays
-// attached throughout, the new plugin's start-up reconcile adopts the
-// volume whole on the same device, and every acknowledged record reads
-// back afterwards.
+// at once, as a node's volumes would (each a pod committing a numbered
+// record every 100 ms to its volume), the modes spread over both workers,
+// while the node plugin pod on each worker is deleted and its DaemonSet
+// starts a new one. Per mode (TestNodePluginRestartKeepsIO/<mode>): the
+// writer logs no I/O error and no gap over 5 s, it is never restarted, the
+// VolumeAttachment stays attached throughout, the new plugin's start-up
+// reconcile adopts the volume whole on the same device, and every
+// acknowledged record reads back afterwards.
 func TestNodePluginRestartKeepsIO(t *testing.T) {
 	c := connect(t)
-	c.everyModeThrough(t, attachModes, func(t *testing.T) *corev1.Pod {
-		old := c.nodePlugin(t, c.a)
-		if err := c.Client.CoreV1().Pods(old.Namespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatalf("delete the node plugin pod %s/%s: %v", old.Namespace, old.Name, err)
+	c.everyModeThrough(t, attachModes, func(t *testing.T) map[string]*corev1.Pod {
+		old := map[string]*corev1.Pod{}
+		for _, n := range c.workers() {
+			old[n] = c.nodePlugin(t, n)
+			if err := c.Client.CoreV1().Pods(old[n].Namespace).Delete(context.Background(), old[n].Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("delete the node plugin pod %s/%s: %v", old[n].Namespace, old[n].Name, err)
+			}
+			t.Logf("deleted the node plugin pod %s on %s", old[n].Name, n)
 		}
-		t.Logf("deleted the node plugin pod %s on %s", old.Name, c.a)
-		return c.newNodePlugin(t, c.a, old.UID)
+		return c.newNodePlugins(t, old)
 	})
 }
 
@@ -99,34 +102,42 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 			h.upgrade(t, first)
 		}
 	})
-	c.everyModeThrough(t, attachModes, func(t *testing.T) *corev1.Pod {
-		old := c.nodePlugin(t, c.a)
-		attachd := c.attachDaemonPod(t, c.a)
+	c.everyModeThrough(t, attachModes, func(t *testing.T) map[string]*corev1.Pod {
+		old, attachd := map[string]*corev1.Pod{}, map[string]*corev1.Pod{}
+		for _, n := range c.workers() {
+			old[n], attachd[n] = c.nodePlugin(t, n), c.attachDaemonPod(t, n)
+		}
 		to := "upgrade"
 		if first == to {
 			to = "dev"
 		}
 		h.upgrade(t, to)
-		plugin := c.newNodePlugin(t, c.a, old.UID)
-		if got := imageTag(containerImage(plugin, "spindle")); got != to {
-			t.Errorf("the node plugin on %s after the upgrade runs tag %q, want %q", c.a, got, to)
-		}
-		if attachd != nil {
-			if now := c.attachDaemonPod(t, c.a); now == nil || now.UID != attachd.UID {
-				t.Errorf("the upgrade replaced the attach daemon's pod on %s (OnDelete: it must stay)", c.a)
+		plugins := c.newNodePlugins(t, old)
+		for n, plugin := range plugins {
+			if got := imageTag(containerImage(plugin, "spindle")); got != to {
+				t.Errorf("the node plugin on %s after the upgrade runs tag %q, want %q", n, got, to)
+			}
+			if attachd[n] != nil {
+				if now := c.attachDaemonPod(t, n); now == nil || now.UID != attachd[n].UID {
+					t.Errorf("the upgrade replaced the attach daemon's pod on %s (OnDelete: it must stay)", n)
+				}
 			}
 		}
-		return plugin
+		return plugins
 	})
 }
 
-// everyModeThrough starts a records writer of every attach mode of modes
-// on worker a, each in a parallel subtest named by its mode. Once all of them write
-// (or their mode could not start), the subtest "disruption" runs disrupt
-// once; it returns the node plugin pod that runs on worker a afterwards.
-// Then each mode's subtest checks that its writer survived. The parallel
-// subtests start when the calling test function returns.
-func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt func(t *testing.T) *corev1.Pod) {
+// everyModeThrough starts a records writer of every attach mode of modes,
+// each in a parallel subtest named by its mode, on worker a and worker b
+// in turn: all seven on one emulated worker saturated it (run K, with the
+// node plugin restarting there: a writer that never staged, a plugin
+// back after 4 minutes), and a real node's volumes are spread too. Once
+// all of them write (or their mode could not start), the subtest
+// "disruption" runs disrupt once; it returns the node plugin pod that runs
+// on each worker afterwards. Then each mode's subtest checks that its
+// writer survived. The parallel subtests start when the calling test
+// function returns.
+func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt func(t *testing.T) map[string]*corev1.Pod) {
 	t.Helper()
 	// Every writer and the disruption run at once: with fewer parallel
 	// slots the disruption would wait for writers that cannot start.
@@ -139,17 +150,20 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 	// A subtest -run leaves out is never called: the disruption waits
 	// only for the writers that run, and the writers need the disruption.
 	var writing sync.WaitGroup
-	// The writers start one at a time: four RBD volumes staging at once
-	// on an emulated worker made every Ceph client call of every stage
-	// take over the driver's 30 s per call, and kubelet's retries did the
-	// same again, so none staged in 10 minutes. The disruption still
-	// meets all of them running.
-	staging := make(chan struct{}, 1)
+	// The writers start one at a time on a worker: four RBD volumes
+	// staging at once on an emulated worker made every Ceph client call of
+	// every stage take over the driver's 30 s per call, and kubelet's
+	// retries did the same again, so none staged in 10 minutes. The
+	// disruption still meets all of them running.
+	staging := map[string]chan struct{}{}
+	for _, n := range c.workers() {
+		staging[n] = make(chan struct{}, 1)
+	}
 	// The writers that run, for the disruption to note how far each got.
 	var writersMu sync.Mutex
 	var writers []*recordsWriter
 	disrupted := make(chan struct{})
-	var plugin *corev1.Pod // set before disrupted is closed
+	var plugins map[string]*corev1.Pod // set before disrupted is closed
 	selected := false
 	t.Run("disruption", func(t *testing.T) {
 		selected = true
@@ -162,7 +176,7 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 		}
 		writersMu.Unlock()
 		start := time.Now()
-		plugin = disrupt(t)
+		plugins = disrupt(t)
 		// The writers print their gaps with the time (UTC): this places
 		// them against the disruption.
 		t.Logf("the disruption ran from %s to %s UTC", start.UTC().Format(timeOfDay), time.Now().UTC().Format(timeOfDay))
@@ -170,7 +184,8 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 	if !selected {
 		t.Fatalf("-run leaves out %s/disruption, which every mode's check needs", t.Name())
 	}
-	for _, m := range modes {
+	for i, m := range modes {
+		node := c.workers()[i%2]
 		writing.Add(1)
 		called := false
 		t.Run(m.name, func(t *testing.T) {
@@ -180,19 +195,19 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 			started := func() { once.Do(writing.Done) }
 			defer started() // a mode that skips or fails to start
 			w := func() *recordsWriter {
-				staging <- struct{}{}
-				defer func() { <-staging }()
-				return c.startRecords(t, m)
+				staging[node] <- struct{}{}
+				defer func() { <-staging[node] }()
+				return c.startRecords(t, m, node)
 			}()
 			writersMu.Lock()
 			writers = append(writers, w)
 			writersMu.Unlock()
 			started()
 			<-disrupted
-			if plugin == nil {
+			if plugins[node] == nil {
 				t.Fatal("the disruption failed (its subtest says why): nothing to check")
 			}
-			w.survived(t, plugin)
+			w.survived(t, plugins[node])
 		})
 		if !called {
 			writing.Done()
@@ -200,10 +215,11 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 	}
 }
 
-// recordsWriter is a records writer pod on worker a and its volume.
+// recordsWriter is a records writer pod on a worker and its volume.
 type recordsWriter struct {
 	c        *cluster
 	mode     attachMode
+	node     string
 	ns       string
 	pv       string
 	volumeID string
@@ -226,9 +242,9 @@ func (w *recordsWriter) noteRecordsBefore(t *testing.T) {
 }
 
 // startRecords provisions a volume of the mode's class, starts the writer
-// on worker a, waits for its first acknowledged record and checks how the
+// on node, waits for its first acknowledged record and checks how the
 // node plugin staged it; it watches the VolumeAttachment from then on.
-func (c *cluster) startRecords(t *testing.T, m attachMode) *recordsWriter {
+func (c *cluster) startRecords(t *testing.T, m attachMode, node string) *recordsWriter {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := c.Client.StorageV1().StorageClasses().Get(ctx, m.class, metav1.GetOptions{}); apierrors.IsNotFound(err) {
@@ -236,30 +252,30 @@ func (c *cluster) startRecords(t *testing.T, m attachMode) *recordsWriter {
 	}
 	ns := c.Namespace(t)
 	_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: m.class, Size: "256Mi"})
-	c.Pod(t, ns, "writer", "data", kube.PodOptions{Node: c.a, Args: []string{"records", recordsFile, strconv.Itoa(maxWriterSecs)}})
+	c.Pod(t, ns, "writer", "data", kube.PodOptions{Node: node, Args: []string{"records", recordsFile, strconv.Itoa(maxWriterSecs)}})
 	pod := c.WaitPodWithin(t, ns, "writer", corev1.PodRunning, writerStartTimeout)
 	c.WaitLogLine(t, ns, "writer", "record 1")
-	w := &recordsWriter{c: c, mode: m, ns: ns, pv: pv.Name, volumeID: pv.Spec.CSI.VolumeHandle, pod: pod.UID}
-	staged, _ := c.stagedOn(t, c.a, w.volumeID)
+	w := &recordsWriter{c: c, mode: m, node: node, ns: ns, pv: pv.Name, volumeID: pv.Spec.CSI.VolumeHandle, pod: pod.UID}
+	staged, _ := c.stagedOn(t, node, w.volumeID)
 	if len(staged) != 1 {
-		t.Fatalf("%s's node plugin shows the volume staged %d times (%+v), want once", c.a, len(staged), staged)
+		t.Fatalf("%s's node plugin shows the volume staged %d times (%+v), want once", node, len(staged), staged)
 	}
 	s := staged[0]
 	if !strings.HasPrefix(s.Device, m.device) || s.MountState != "mounted" || s.DeviceState != "attached" || s.Problem != "" {
-		t.Fatalf("%s's node plugin shows staged %+v; want it mounted from a %s* device (%s), attached, no problem", c.a, s, m.device, m.name)
+		t.Fatalf("%s's node plugin shows staged %+v; want it mounted from a %s* device (%s), attached, no problem", node, s, m.device, m.name)
 	}
 	if s.Encrypted != m.encrypted || m.encrypted && !strings.HasPrefix(s.CryptMapping, "/dev/mapper/spindle-") {
-		t.Fatalf("%s's node plugin shows staged %+v; want encrypted %t (a /dev/mapper/spindle-… mapping)", c.a, s, m.encrypted)
+		t.Fatalf("%s's node plugin shows staged %+v; want encrypted %t (a /dev/mapper/spindle-… mapping)", node, s, m.encrypted)
 	}
 	w.device = s.Device
-	c.Attachment(t, w.pv, c.a, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
-	w.watch = c.watchAttachment(w.pv, c.a)
+	c.Attachment(t, w.pv, node, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
+	w.watch = c.watchAttachment(w.pv, node)
 	t.Cleanup(func() { w.watch.stop() })
 	return w
 }
 
 // survived is the check after the disruption, plugin being the node
-// plugin that now runs on worker a: its start-up reconcile adopted the
+// plugin that now runs on the writer's node: its start-up reconcile adopted the
 // volume whole, on the device it had; the writer, stopped now, saw no
 // error and no gap over maxGap and was never restarted; the
 // VolumeAttachment never left attached; every acknowledged record reads
@@ -268,9 +284,9 @@ func (w *recordsWriter) survived(t *testing.T, plugin *corev1.Pod) {
 	t.Helper()
 	c := w.c
 	c.waitAdopted(t, plugin, w.volumeID)
-	staged, _ := c.stagedOn(t, c.a, w.volumeID)
+	staged, _ := c.stagedOn(t, w.node, w.volumeID)
 	if len(staged) != 1 || staged[0].Device != w.device || staged[0].MountState != "mounted" || staged[0].DeviceState != "attached" || staged[0].Problem != "" {
-		t.Errorf("after the disruption %s's node plugin shows staged %+v; want it as before: mounted from %s, attached, no problem", c.a, staged, w.device)
+		t.Errorf("after the disruption %s's node plugin shows staged %+v; want it as before: mounted from %s, attached, no problem", w.node, staged, w.device)
 	}
 	// A few seconds of records after the plugin is back.
 	time.Sleep(3 * time.Second)
@@ -279,13 +295,13 @@ func (w *recordsWriter) survived(t *testing.T, plugin *corev1.Pod) {
 
 // finish stops the writer and checks what it saw: no I/O error, no gap
 // over maxGap, never restarted, the VolumeAttachment attached throughout;
-// then every acknowledged record reads back in a new pod on worker a.
+// then every acknowledged record reads back in a new pod on its node.
 func (w *recordsWriter) finish(t *testing.T) {
 	t.Helper()
 	c := w.c
-	// Every mode's stopper and reader start at once on worker a: seven new
-	// pods took an emulated worker 3-4 minutes, over kube.Timeout.
-	c.Pod(t, w.ns, "stopper", "data", kube.PodOptions{Node: c.a, Args: []string{"stop-records", recordsFile}})
+	// Every mode's stopper and reader start at once: seven new pods took
+	// an emulated worker 3-4 minutes, over kube.Timeout.
+	c.Pod(t, w.ns, "stopper", "data", kube.PodOptions{Node: w.node, Args: []string{"stop-records", recordsFile}})
 	c.WaitPodWithin(t, w.ns, "stopper", corev1.PodSucceeded, writerStartTimeout)
 	writer := c.WaitPodWithin(t, w.ns, "writer", corev1.PodSucceeded, writerStartTimeout)
 	notAttached := w.watch.stop()
@@ -313,10 +329,10 @@ func (w *recordsWriter) finish(t *testing.T) {
 		}
 	}
 	if len(notAttached) != 0 {
-		t.Errorf("the VolumeAttachment of %s on %s was not attached at times: %s", w.pv, c.a, strings.Join(notAttached, "; "))
+		t.Errorf("the VolumeAttachment of %s on %s was not attached at times: %s", w.pv, w.node, strings.Join(notAttached, "; "))
 	}
 
-	c.Pod(t, w.ns, "reader", "data", kube.PodOptions{Node: c.a, Args: []string{"verify-records", recordsFile, strconv.Itoa(n)}})
+	c.Pod(t, w.ns, "reader", "data", kube.PodOptions{Node: w.node, Args: []string{"verify-records", recordsFile, strconv.Itoa(n)}})
 	reader := c.WaitPodWithin(t, w.ns, "reader", corev1.PodSucceeded, writerStartTimeout)
 	if got, want := kube.TerminationMessage(reader), fmt.Sprintf("verified %d records", n); got != want {
 		t.Errorf("the reader says %q, want %q", got, want)
@@ -367,6 +383,17 @@ func (c *cluster) nodePlugin(t *testing.T, node string) *corev1.Pod {
 func (c *cluster) newNodePlugin(t *testing.T, node string, old types.UID) *corev1.Pod {
 	t.Helper()
 	return c.waitNodePlugin(t, "a new node plugin pod on "+node+", ready", node, func(p *corev1.Pod) bool { return p.UID != old })
+}
+
+// newNodePlugins is newNodePlugin on each node of old (node: the pod that
+// ran there before).
+func (c *cluster) newNodePlugins(t *testing.T, old map[string]*corev1.Pod) map[string]*corev1.Pod {
+	t.Helper()
+	plugins := map[string]*corev1.Pod{}
+	for n, p := range old {
+		plugins[n] = c.newNodePlugin(t, n, p.UID)
+	}
+	return plugins
 }
 
 // waitNodePlugin waits for a running node plugin pod on node, not being

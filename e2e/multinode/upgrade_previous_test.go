@@ -48,16 +48,16 @@ func modeNamed(name string) attachMode {
 // SPINDLE_E2E_PREVIOUS_CHART and _VALUES) to this one, with volumes in use.
 // The release is moved back to 0.1.0 with the values make e2e-multinode
 // gave it then (the node plugin put on the host network by hand). A
-// records writer per kernel attach mode (loop, kernel iSCSI, krbd) runs on
-// worker a, staged by 0.1.0's node plugin, and an rbd-fuse volume is
-// attached there for a pod too (its rbd-fuse would run in that plugin's
-// pod). `helm upgrade` to this chart is refused, naming that volume, its
-// node and its mounter, and changes nothing. Once that volume's pod is
-// gone and the volume detached, as a drain would make it, the upgrade
-// goes through: per kernel
-// mode, the writer sees no I/O error and no gap over 5 s, its pod and
-// VolumeAttachment stay, the new plugin adopts the volume 0.1.0 staged, on
-// the same device, and every record reads back.
+// records writer per kernel attach mode (loop, kernel iSCSI, krbd) runs,
+// the modes spread over both workers, staged by 0.1.0's node plugins, and
+// an rbd-fuse volume is attached to worker a for a pod too (its rbd-fuse
+// would run in that plugin's pod). `helm upgrade` to this chart is
+// refused, naming that volume, its node and its mounter, and changes
+// nothing. Once that volume's pod is gone and the volume detached, as a
+// drain would make it, the upgrade goes through: per kernel mode, the
+// writer sees no I/O error and no gap over 5 s, its pod and
+// VolumeAttachment stay, the new plugin on its node adopts the volume
+// 0.1.0 staged, on the same device, and every record reads back.
 func TestUpgradeFromPreviousChart(t *testing.T) {
 	c := connect(t)
 	h := helmRelease(t, c)
@@ -105,8 +105,11 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		t.Fatalf("the previous release has no attach daemon, yet pod %s runs on %s", p.Name, c.a)
 	}
 
-	c.everyModeThrough(t, kernelModes, func(t *testing.T) *corev1.Pod {
-		old := c.nodePlugin(t, c.a)
+	c.everyModeThrough(t, kernelModes, func(t *testing.T) map[string]*corev1.Pod {
+		old := map[string]*corev1.Pod{}
+		for _, n := range c.workers() {
+			old[n] = c.nodePlugin(t, n)
+		}
 		// The refusal reads the VolumeAttachments: an rbd-fuse volume
 		// attached to worker a for a pod there is in use. The test does
 		// not wait for 0.1.0's node plugin to stage it: on an emulated
@@ -134,7 +137,7 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		if got := h.deployedChart(t); got != previous {
 			t.Errorf("after the refused upgrade the release runs %s, want %s still", got, previous)
 		}
-		if now := c.nodePlugin(t, c.a); now.UID != old.UID {
+		if now := c.nodePlugin(t, c.a); now.UID != old[c.a].UID {
 			t.Errorf("the refused upgrade replaced the node plugin pod on %s", c.a)
 		}
 		// Its pod leaves the node, as a drain would make it.
@@ -149,13 +152,15 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 			t.Fatalf("helm upgrade from %s with only kernel-attached volumes in use: %v\n%s", previous, err, out)
 		}
 		t.Logf("helm upgrade from %s to %s took %v", previous, h.deployedChart(t), time.Since(start).Round(time.Second))
-		plugin := c.newNodePlugin(t, c.a, old.UID)
-		if tag := imageTag(containerImage(plugin, "spindle")); tag == previousTag {
-			t.Errorf("the node plugin on %s runs tag %q after the upgrade", c.a, tag)
+		plugins := c.newNodePlugins(t, old)
+		for n, plugin := range plugins {
+			if tag := imageTag(containerImage(plugin, "spindle")); tag == previousTag {
+				t.Errorf("the node plugin on %s runs tag %q after the upgrade", n, tag)
+			}
+			if c.attachDaemonPod(t, n) == nil {
+				t.Errorf("no attach daemon pod on %s after the upgrade to this chart", n)
+			}
 		}
-		if c.attachDaemonPod(t, c.a) == nil {
-			t.Errorf("no attach daemon pod on %s after the upgrade to this chart", c.a)
-		}
-		return plugin
+		return plugins
 	})
 }
