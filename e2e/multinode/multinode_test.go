@@ -53,6 +53,16 @@ type cluster struct {
 	a, b string
 }
 
+// clusterObjectName names a cluster-scoped object a test makes for its
+// namespace ns (prefix+ns, cut to a DNS label's 63 characters).
+func clusterObjectName(prefix, ns string) string {
+	name := prefix + ns
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
 // workers are the two worker nodes, a first.
 func (c *cluster) workers() []string { return []string{c.a, c.b} }
 
@@ -128,10 +138,7 @@ func TestRWOVolumeNeverOnTwoNodes(t *testing.T) {
 
 	// A VolumeAttachment for the second node, as a controller with a stale
 	// view would write it: the driver refuses it and names the holder.
-	staleVA := "spindle-e2e-stale-" + ns
-	if len(staleVA) > 63 {
-		staleVA = staleVA[:63]
-	}
+	staleVA := clusterObjectName("spindle-e2e-stale-", ns)
 	pvName := pv.Name
 	stale := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: staleVA}, Spec: storagev1.VolumeAttachmentSpec{
 		Attacher: kube.DriverName, NodeName: c.b, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}}}

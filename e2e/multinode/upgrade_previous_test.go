@@ -50,11 +50,11 @@ func modeNamed(name string) attachMode {
 // gave it then (the node plugin put on the host network by hand). A
 // records writer per kernel attach mode (loop, kernel iSCSI, krbd) runs,
 // the modes spread over both workers, staged by 0.1.0's node plugins, and
-// an rbd-fuse volume is attached to worker a for a pod too (its rbd-fuse
-// would run in that plugin's pod). `helm upgrade` to this chart is
-// refused, naming that volume, its node and its mounter, and changes
-// nothing. Once that volume's pod is gone and the volume detached, as a
-// drain would make it, the upgrade goes through: per kernel mode, the
+// an rbd-fuse volume is attached to worker a too (a VolumeAttachment as
+// for a pod there; its rbd-fuse would run in that plugin's pod). `helm
+// upgrade` to this chart is refused, naming that volume, its node and its
+// mounter, and changes nothing. Once the volume is detached, as a drain
+// would make it, the upgrade goes through: per kernel mode, the
 // writer sees no I/O error and no gap over 5 s, its pod and
 // VolumeAttachment stay, the new plugin on its node adopts the volume
 // 0.1.0 staged, on the same device, and every record reads back.
@@ -111,14 +111,26 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 			old[n] = c.nodePlugin(t, n)
 		}
 		// The refusal reads the VolumeAttachments: an rbd-fuse volume
-		// attached to worker a for a pod there is in use. The test does
-		// not wait for 0.1.0's node plugin to stage it: on an emulated
-		// worker its every stage of an RBD volume in userspace passed
-		// kubelet's 2 minutes (docs/testing.md, run G).
+		// attached to worker a is in use there. The attachment is made by
+		// hand, as the attach-detach controller makes one for a pod: with
+		// a pod, 0.1.0's node plugin would stage the volume meanwhile,
+		// which on an emulated worker ran past kubelet's 2 minutes
+		// (docs/testing.md, run G) and binds a loop device to rbd-fuse's
+		// file beside the loop writer's, inside this window (run M's loop
+		// writer paused 11.5 s until that plugin exited). The chart's
+		// check reads the same VolumeAttachment either way.
 		ns := c.Namespace(t)
 		_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: userspaceMode.class, Size: "256Mi"})
-		c.Pod(t, ns, "user", "data", kube.PodOptions{Node: c.a, Args: []string{"records", recordsFile, "600"}})
 		volumeID := pv.Spec.CSI.VolumeHandle
+		vaName := clusterObjectName("spindle-e2e-in-use-", ns)
+		pvName := pv.Name
+		ctx := context.Background()
+		if _, err := c.Client.StorageV1().VolumeAttachments().Create(ctx, &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: vaName},
+			Spec: storagev1.VolumeAttachmentSpec{Attacher: kube.DriverName, NodeName: c.a, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}}},
+			metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create VolumeAttachment %s: %v", vaName, err)
+		}
+		t.Cleanup(func() { _ = c.Client.StorageV1().VolumeAttachments().Delete(ctx, vaName, metav1.DeleteOptions{}) })
 		va := c.Attachment(t, pv.Name, c.a, "attached", func(a *storagev1.VolumeAttachment) bool { return a.Status.Attached })
 		if got := va.Status.AttachmentMetadata["mounter"]; got != "rbd-fuse" {
 			t.Fatalf("the rbd-fuse volume's VolumeAttachment names mounter %q in its metadata, want rbd-fuse", got)
@@ -140,8 +152,10 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		if now := c.nodePlugin(t, c.a); now.UID != old[c.a].UID {
 			t.Errorf("the refused upgrade replaced the node plugin pod on %s", c.a)
 		}
-		// Its pod leaves the node, as a drain would make it.
-		c.DeletePod(t, ns, "user")
+		// The volume leaves the node, as a drain would make it.
+		if err := c.Client.StorageV1().VolumeAttachments().Delete(ctx, vaName, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("delete VolumeAttachment %s: %v", vaName, err)
+		}
 		c.WaitForWithin(t, "the rbd-fuse volume to be detached from "+c.a, writerStartTimeout, func(ctx context.Context) (bool, error) {
 			vas, err := c.AttachmentsOf(ctx, pv.Name)
 			return len(vas) == 0, err

@@ -162,28 +162,46 @@ echo "$kubelet_pid" >/run/kubelet.pid
 # sample_stalls: once a second, every task that has been in uninterruptible
 # sleep (state D) for two samples running, with its kernel stack, into
 # $STALLS with the UTC time. A volume's I/O pausing for seconds (a writer's
-# gap, docs/testing.md) then shows where in the kernel it waited. The file is
-# on tmpfs (a pause of the 9p share must not stall the sampler too); the
-# loop below copies it to out/ when it grew.
+# gap, docs/testing.md) then shows where in the kernel it waited. Kernel
+# threads and single-threaded programs are seen by their process; the
+# records writers (Go: the fsync runs on any of their threads) thread by
+# thread. A sample that comes over 3 s late is logged too: then the guest
+# itself stalled, or the sampler with it. The file is on tmpfs (a pause of
+# the 9p share must not stall the sampler too); the loop below copies it to
+# out/ when it grew. It costs about a tenth of a vCPU.
 STALLS=/run/spindle-stalls.log
+stalls_prev="" stalls_now=""
+# note_stall STAT LINE: a task (its stat file and that file's line) in D now
+# and at the previous sample is logged.
+note_stall() {
+  local state=${2##*) } task=${1%/stat}
+  [ "${state:0:1}" = D ] || return 0
+  stalls_now="$stalls_now $task"
+  case " $stalls_prev " in
+  *" $task "*)
+    { echo "=== $(date -u +%H:%M:%S.%3N) $task ($(cat "$task/comm" 2>/dev/null)) in D"
+      cat "$task/stack" 2>/dev/null; } >>"$STALLS" ;;
+  esac
+}
 sample_stalls() {
   set +e
-  local prev="" now st line state pid
+  local st line task last=$SECONDS
   while :; do
-    now=""
+    [ $((SECONDS - last)) -le 3 ] ||
+      echo "=== $(date -u +%H:%M:%S.%3N) the sampler ran $((SECONDS - last)) s after its previous sample" >>"$STALLS"
+    last=$SECONDS
+    stalls_now=""
     for st in /proc/[0-9]*/stat; do
-      read -r line <"$st" 2>/dev/null || continue
-      state=${line##*) }
-      [ "${state:0:1}" = D ] || continue
-      pid=${st#/proc/}; pid=${pid%/stat}
-      now="$now $pid"
-      case " $prev " in
-      *" $pid "*)
-        { echo "=== $(date -u +%H:%M:%S.%3N) pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null)) in D"
-          cat "/proc/$pid/stack" 2>/dev/null; } >>"$STALLS" ;;
+      read -r line 2>/dev/null <"$st" || continue
+      case $line in
+      *"(spindle-e2e-pod) "*)
+        for task in "${st%/stat}"/task/[0-9]*/stat; do
+          read -r line 2>/dev/null <"$task" && note_stall "$task" "$line"
+        done ;;
+      *) note_stall "$st" "$line" ;;
       esac
     done
-    prev=$now
+    stalls_prev=$stalls_now
     sleep 1
   done
 }
