@@ -113,12 +113,11 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		// The refusal reads the VolumeAttachments: an rbd-fuse volume
 		// attached to worker a is in use there. The attachment is made by
 		// hand, as the attach-detach controller makes one for a pod: with
-		// a pod, 0.1.0's node plugin would stage the volume meanwhile,
-		// which on an emulated worker ran past kubelet's 2 minutes
-		// (docs/testing.md, run G) and binds a loop device to rbd-fuse's
-		// file beside the loop writer's, inside this window (run M's loop
-		// writer paused 11.5 s until that plugin exited). The chart's
-		// check reads the same VolumeAttachment either way.
+		// a pod, 0.1.0's node plugin would stage the volume inside this
+		// window, which on an emulated worker ran past kubelet's 2
+		// minutes (docs/testing.md, run G), and another volume's stage
+		// there paused the loop writer for seconds (runs M and N). The
+		// chart's check reads the same VolumeAttachment either way.
 		ns := c.Namespace(t)
 		_, pv := c.Claim(t, ns, "data", kube.ClaimOptions{StorageClass: userspaceMode.class, Size: "256Mi"})
 		volumeID := pv.Spec.CSI.VolumeHandle
