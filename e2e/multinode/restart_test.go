@@ -61,6 +61,13 @@ const (
 	timeOfDay = "15:04:05.000"
 	// recordsFile is the writer's file on the volume.
 	recordsFile = "/data/records"
+	// nodePluginTimeout bounds the wait for a node plugin pod to run
+	// again, ready, after its pod was deleted or its container killed.
+	// On an emulated worker under load that took 4-5 minutes (runs K and
+	// O): containerd handled the old container's exit with a 10 s
+	// deadline its task delete kept missing, so kubelet could not finish
+	// the old pod for minutes. The writers keep writing meanwhile.
+	nodePluginTimeout = 10 * time.Minute
 )
 
 // TestNodePluginRestartKeepsIO: a records writer of every attach mode runs
@@ -401,7 +408,13 @@ func (c *cluster) newNodePlugins(t *testing.T, old map[string]*corev1.Pod) map[s
 func (c *cluster) waitNodePlugin(t *testing.T, what, node string, accept func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var found *corev1.Pod
-	c.WaitFor(t, what, func(ctx context.Context) (bool, error) {
+	start := time.Now()
+	defer func() {
+		if found != nil {
+			t.Logf("%s: pod %s after %v", what, found.Name, time.Since(start).Round(time.Second))
+		}
+	}()
+	c.WaitForWithin(t, what, nodePluginTimeout, func(ctx context.Context) (bool, error) {
 		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: kube.ChartNodePlugins, FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
 			return false, err

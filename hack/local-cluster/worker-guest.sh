@@ -159,16 +159,16 @@ kubelet_pid=$!
 say "kubelet started ($(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN {printf "%.1f", b - a}') s after run.sh began)"
 echo "$kubelet_pid" >/run/kubelet.pid
 
-# sample_stalls: once a second, every task that has been in uninterruptible
+# sample_stalls: every 2 s, every task that has been in uninterruptible
 # sleep (state D) for two samples running, with its kernel stack, into
 # $STALLS with the UTC time. A volume's I/O pausing for seconds (a writer's
 # gap, docs/testing.md) then shows where in the kernel it waited. Kernel
 # threads and single-threaded programs are seen by their process; the
 # records writers (Go: the fsync runs on any of their threads) thread by
-# thread. A sample that comes over 3 s late is logged too: then the guest
+# thread. A sample that comes over 5 s late is logged too: then the guest
 # itself stalled, or the sampler with it. The file is on tmpfs (a pause of
 # the 9p share must not stall the sampler too); the loop below copies it to
-# out/ when it grew. It costs about a tenth of a vCPU.
+# out/ when it grew. Once a second it cost 13% of a vCPU (run N).
 STALLS=/run/spindle-stalls.log
 stalls_prev="" stalls_now=""
 # note_stall STAT LINE: a task (its stat file and that file's line) in D now
@@ -187,7 +187,7 @@ sample_stalls() {
   set +e
   local st line task last=$SECONDS
   while :; do
-    [ $((SECONDS - last)) -le 3 ] ||
+    [ $((SECONDS - last)) -le 5 ] ||
       echo "=== $(date -u +%H:%M:%S.%3N) the sampler ran $((SECONDS - last)) s after its previous sample" >>"$STALLS"
     last=$SECONDS
     stalls_now=""
@@ -202,7 +202,7 @@ sample_stalls() {
       esac
     done
     stalls_prev=$stalls_now
-    sleep 1
+    sleep 2
   done
 }
 sample_stalls </dev/null >/dev/null 2>&1 &
