@@ -168,7 +168,9 @@ echo "$kubelet_pid" >/run/kubelet.pid
 # thread. A sample that comes over 5 s late is logged too: then the guest
 # itself stalled, or the sampler with it. The file is on tmpfs (a pause of
 # the 9p share must not stall the sampler too); the loop below copies it to
-# out/ when it grew. Once a second it cost 13% of a vCPU (run N).
+# out/ when it grew. Only with STALL_SAMPLER=1 (workers.sh's
+# WORKER_STALL_SAMPLER): on a saturated guest one scan took 6-13 s of the
+# CPU the tests need (docs/testing.md, run O).
 STALLS=/run/spindle-stalls.log
 stalls_prev="" stalls_now=""
 # note_stall STAT LINE: a task (its stat file and that file's line) in D now
@@ -205,7 +207,7 @@ sample_stalls() {
     sleep 2
   done
 }
-sample_stalls </dev/null >/dev/null 2>&1 &
+[ "${STALL_SAMPLER:-0}" != 1 ] || sample_stalls </dev/null >/dev/null 2>&1 &
 stalls_copied=0
 
 # run_exec F: runs the host's command file F (workers.sh exec) and hands

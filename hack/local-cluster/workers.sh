@@ -42,6 +42,9 @@ WORKERS=${WORKERS:-2}
 WORKER_MEM=${WORKER_MEM:-1536}
 WORKER_SMP=${WORKER_SMP:-2}
 WORKER_DISK=${WORKER_DISK:-8G}
+# WORKER_STALL_SAMPLER=1: each worker logs its tasks blocked in D, with
+# their kernel stacks, to out/stalls.log (worker-guest.sh); off by default,
+# it takes a loaded guest's CPU.
 # WORKER_SHARED_DIRS: directories of this machine every worker mounts at the
 # same path (9p), as shared storage would be, e.g. a loop pool (an iSCSI
 # node needs no share of its pool: it reaches the target's portal).
@@ -138,6 +141,7 @@ GATEWAY=$VM_HOST_IP
 POD_SUBNET=$(worker_subnet "$i")
 APISERVER=https://$VM_UPLINK_HOST_IP:6443
 SHARED_DIRS="$(shared_specs)"
+STALL_SAMPLER=${WORKER_STALL_SAMPLER:-0}
 ENV
   [ -e "$d/disk.img" ] || truncate -s "$WORKER_DISK" "$d/disk.img"
   # Routes: this machine -> the worker's pods via the namespace, the
