@@ -81,7 +81,8 @@ const (
 // acknowledged record reads back afterwards.
 func TestNodePluginRestartKeepsIO(t *testing.T) {
 	c := connect(t)
-	c.everyModeThrough(t, attachModes, func(t *testing.T) map[string]*corev1.Pod {
+	c.everyModeThrough(t, attachModes, func(t *testing.T, begin func()) map[string]*corev1.Pod {
+		begin()
 		old := map[string]*corev1.Pod{}
 		for _, n := range c.workers() {
 			old[n] = c.nodePlugin(t, n)
@@ -109,7 +110,8 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 			h.upgrade(t, first)
 		}
 	})
-	c.everyModeThrough(t, attachModes, func(t *testing.T) map[string]*corev1.Pod {
+	c.everyModeThrough(t, attachModes, func(t *testing.T, begin func()) map[string]*corev1.Pod {
+		begin()
 		old, attachd := map[string]*corev1.Pod{}, map[string]*corev1.Pod{}
 		for _, n := range c.workers() {
 			old[n], attachd[n] = c.nodePlugin(t, n), c.attachDaemonPod(t, n)
@@ -140,11 +142,12 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 // node plugin restarting there: a writer that never staged, a plugin
 // back after 4 minutes), and a real node's volumes are spread too. Once
 // all of them write (or their mode could not start), the subtest
-// "disruption" runs disrupt once; it returns the node plugin pod that runs
-// on each worker afterwards. Then each mode's subtest checks that its
-// writer survived. The parallel subtests start when the calling test
-// function returns.
-func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt func(t *testing.T) map[string]*corev1.Pod) {
+// "disruption" runs disrupt once; it calls begin as it starts to act on
+// the nodes (the writers' gaps count from there) and returns the node
+// plugin pod that runs on each worker afterwards. Then each mode's subtest
+// checks that its writer survived. The parallel subtests start when the
+// calling test function returns.
+func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt func(t *testing.T, begin func()) map[string]*corev1.Pod) {
 	t.Helper()
 	// Every writer and the disruption run at once: with fewer parallel
 	// slots the disruption would wait for writers that cannot start.
@@ -177,13 +180,19 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 		t.Parallel()
 		defer close(disrupted)
 		writing.Wait()
-		writersMu.Lock()
-		for _, w := range writers {
-			w.noteRecordsBefore(t)
+		var start time.Time
+		begin := func() {
+			if !start.IsZero() {
+				return
+			}
+			writersMu.Lock()
+			for _, w := range writers {
+				w.noteRecordsBefore(t)
+			}
+			writersMu.Unlock()
+			start = time.Now()
 		}
-		writersMu.Unlock()
-		start := time.Now()
-		plugins = disrupt(t)
+		plugins = disrupt(t, begin)
 		// The writers print their gaps with the time (UTC): this places
 		// them against the disruption.
 		t.Logf("the disruption ran from %s to %s UTC", start.UTC().Format(timeOfDay), time.Now().UTC().Format(timeOfDay))
