@@ -233,9 +233,11 @@ while [ ! -e "$SHARE/stop" ]; do
     # loop, and with it the worker and every volume on it.
     run_exec "$f" || say "exec $(basename "$f"): its result could not be handed back"
   done
-  stalls_size=$(stat -c %s "$STALLS" 2>/dev/null || echo 0)
-  if [ "$stalls_size" != "$stalls_copied" ]; then
-    cp "$STALLS" "$OUT/stalls.log" && stalls_copied=$stalls_size
+  if [ "${STALL_SAMPLER:-0}" = 1 ]; then
+    stalls_size=$(stat -c %s "$STALLS" 2>/dev/null || echo 0)
+    if [ "$stalls_size" != "$stalls_copied" ]; then
+      cp "$STALLS" "$OUT/stalls.log" && stalls_copied=$stalls_size
+    fi
   fi
   sleep 1
 done
