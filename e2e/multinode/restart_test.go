@@ -63,10 +63,11 @@ const (
 	recordsFile = "/data/records"
 	// nodePluginTimeout bounds the wait for a node plugin pod to run
 	// again, ready, after its pod was deleted or its container killed.
-	// On an emulated worker under load that took 4-5 minutes (runs K and
-	// O): containerd handled the old container's exit with a 10 s
-	// deadline its task delete kept missing, so kubelet could not finish
-	// the old pod for minutes. The writers keep writing meanwhile.
+	// On an emulated worker under load that took 4 minutes and more (runs
+	// K and O; in run P more than these 10): containerd handled the old
+	// container's exit with a 10 s deadline its task delete kept missing,
+	// so kubelet could not finish the old pod for minutes. The writers
+	// keep writing meanwhile.
 	nodePluginTimeout = 10 * time.Minute
 )
 
