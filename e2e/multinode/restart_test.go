@@ -201,8 +201,9 @@ func (c *cluster) everyModeThrough(t *testing.T, modes []attachMode, disrupt fun
 	if !selected {
 		t.Fatalf("-run leaves out %s/disruption, which every mode's check needs", t.Name())
 	}
+	workers := c.workers()
 	for i, m := range modes {
-		node := c.workers()[i%2]
+		node := workers[i%len(workers)]
 		writing.Add(1)
 		called := false
 		t.Run(m.name, func(t *testing.T) {
