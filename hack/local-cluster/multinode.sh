@@ -19,6 +19,8 @@
 #   hack/local-cluster/multinode.sh install (re)install the chart on it
 #   hack/local-cluster/multinode.sh down    stop it all
 #   TESTS=REGEXP (optional): only the tests go test -run REGEXP selects
+#       (Go splits REGEXP at a top-level | before its /: parenthesize
+#       alternatives, e.g. 'Test(NodePluginRestart|HelmUpgrade)KeepsIO/userspace')
 #   SKIP=REGEXP (optional): not the tests go test -skip REGEXP leaves out
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
