@@ -149,8 +149,8 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 // workers with three or four each, left containerd there unable to finish
 // the replaced node plugin's container for more than 10 minutes (runs O
 // and P in docs/testing.md: every runc call missed its deadline); with
-// two on each worker the restart and the upgrade went through in under 2
-// minutes (run Q). A real node carries more, on real CPUs.
+// two on each worker both nodes had their new plugin within 1-2.7 minutes
+// (run Q). A real node carries more, on real CPUs.
 func (c *cluster) everyRoundThrough(t *testing.T, disrupt func(t *testing.T, begin func()) map[string]*corev1.Pod) {
 	t.Helper()
 	for _, round := range []struct {
