@@ -35,6 +35,13 @@
 #   VM_EXTRA_SHARES="TAG=DIR ..."  more host directories over 9p, each under
 #                  its mount tag (the guest mounts them itself), e.g. a pool
 #                  that several guests share
+#   VM_IO_REALTIME=1  qemu's threads but its vCPUs (the main loop, which
+#                  serves 9p, the NIC and the disks' completions, and its I/O
+#                  worker threads) run SCHED_RR: under TCG the vCPU threads
+#                  take every CPU they get, and on a loaded 2-core host those
+#                  threads waited on the run queue 3-4 times as long as they
+#                  ran, up to 14 s for a 9p write (docs/testing.md, run R).
+#                  0: qemu's threads keep the default policy
 #   VM_VERBOSE=1   full boot messages on the console (default: quiet boot)
 #   VM_APPEND=...  more kernel command line
 #   INTERACTIVE=1  no run.sh: a root shell on the serial console (SHAREDIR is
@@ -149,7 +156,9 @@ if [ -n "$SHARE" ]; then
   # multidevs=remap: inode numbers stay unique if SHAREDIR spans filesystems.
   SHARE_ARGS=(-virtfs "local,path=$SHARE,mount_tag=spindle,security_model=none,multidevs=remap,id=share")
 fi
-QEMU=("${NS[@]}" qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "$MEM" -smp "$SMP"
+# debug-threads: the vCPU threads are named "CPU N/TCG" (or /KVM), so
+# io_threads_first can tell them from the rest.
+QEMU=("${NS[@]}" qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "$MEM" -smp "$SMP" -name "spindle-vm$VM_ID,debug-threads=on"
   -nodefaults -no-user-config -no-reboot -display none
   -kernel "$GUEST_DIR/vmlinux" -initrd "$GUEST_DIR/initramfs.img" -append "$APPEND"
   -drive "file=$RUN/overlay.qcow2,if=virtio,format=qcow2,cache=unsafe,discard=unmap"
@@ -161,6 +170,34 @@ if [ "$INTERACTIVE" = 1 ]; then
   exit $?
 fi
 
+# io_threads_first PID: qemu's threads other than its vCPUs get SCHED_RR
+# (VM_IO_REALTIME). They wake for each 9p request, each packet and each
+# disk completion, and run briefly (a worker's main loop: 3-5 % of a CPU
+# in run R); the guest's I/O waits for them, not for its vCPUs. The threads
+# qemu starts later (its I/O worker pool grows on demand) inherit the
+# policy from the main loop that starts them; the vCPU threads, started
+# before this, keep the default one.
+io_threads_first() {
+  local p=$1 t vcpus=0 until=$((SECONDS + 60))
+  [ "${VM_IO_REALTIME:-1}" = 1 ] || return 0
+  # The vCPU threads exist once the machine is built, before the guest runs.
+  while [ "$vcpus" -lt "$SMP" ]; do
+    if [ "$SECONDS" -ge "$until" ] || ! alive "$p"; then
+      echo "run.sh: qemu's vCPU threads not found; its threads keep the default scheduling" >&2
+      return 0
+    fi
+    sleep 0.1
+    vcpus=$(cat "/proc/$p/task/"*/comm 2>/dev/null | grep -c '^CPU [0-9]*/' || true)
+  done
+  for t in "/proc/$p/task/$p" "/proc/$p/task/"*; do
+    case $(cat "$t/comm" 2>/dev/null) in "CPU "*) continue ;; esac
+    # (a worker thread may have ended since the listing)
+    if ! chrt -r -p 1 "${t##*/}" >/dev/null 2>&1 && alive "${t##*/}"; then
+      echo "run.sh: chrt -r -p 1 ${t##*/} (a qemu I/O thread) failed; it keeps the default scheduling" >&2
+    fi
+  done
+}
+
 OUT=$SHARE/out
 mkdir -p "$OUT"
 rm -f "$OUT/run.log" "$OUT/rc" "$OUT/rc.tmp" "$OUT/console.log" "$OUT/vm.env"
@@ -169,6 +206,7 @@ rm -f "$OUT/run.log" "$OUT/rc" "$OUT/rc.tmp" "$OUT/console.log" "$OUT/vm.env"
 (
   while [ ! -s "$RUN/qemu.pid" ]; do sleep 0.05; done
   p=$(cat "$RUN/qemu.pid")
+  io_threads_first "$p"
   while hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null) && [ -n "$hwm" ]; do
     echo "$hwm" >"$RUN/hwm.tmp" && mv "$RUN/hwm.tmp" "$RUN/hwm"
     sleep 0.2
