@@ -1,6 +1,7 @@
 package multinode
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -32,12 +33,16 @@ func TestKillDuringStageConverges(t *testing.T) {
 
 			// A pod with the node's PIDs waits for the second volume's
 			// mkfs.ext4 and then kills the node plugin's main process.
+			// Both wait as long as a writer may take to start: an
+			// encrypted RBD stage on a loaded emulated worker outlasted
+			// kubelet's 2-minute deadline before its mkfs (run S: rbd
+			// calls of 10-27 s each), and the mkfs came in the retry.
 			c.Pod(t, w.ns, "killer", "", kube.PodOptions{Node: c.a, HostPID: true,
-				Args: []string{"kill-during", "mkfs.ext4", nodePluginPattern, "300"}})
+				Args: []string{"kill-during", "mkfs.ext4", nodePluginPattern, strconv.Itoa(int(writerStartTimeout.Seconds()))}})
 			c.WaitPod(t, w.ns, "killer", corev1.PodRunning)
 			_, pv := c.Claim(t, w.ns, "second", kube.ClaimOptions{StorageClass: m.class, Size: "256Mi"})
 			c.Pod(t, w.ns, "second", "second", kube.PodOptions{Node: c.a, Args: []string{"write", "/data/file", "1048576"}})
-			c.WaitPod(t, w.ns, "killer", corev1.PodSucceeded)
+			c.WaitPodWithin(t, w.ns, "killer", corev1.PodSucceeded, writerStartTimeout)
 			// Its log: a privileged container's termination message came
 			// back empty.
 			t.Logf("%s: %s", c.a, strings.TrimSpace(c.PodLog(t, w.ns, "killer")))
