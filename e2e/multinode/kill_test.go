@@ -36,7 +36,8 @@ func TestKillDuringStageConverges(t *testing.T) {
 			// Both wait as long as a writer may take to start: an
 			// encrypted RBD stage on a loaded emulated worker outlasted
 			// kubelet's 2-minute deadline before its mkfs (run S: rbd
-			// calls of 10-27 s each), and the mkfs came in the retry.
+			// calls of 10-27 s each); the retry was still under way
+			// when a 3-minute wait gave up.
 			c.Pod(t, w.ns, "killer", "", kube.PodOptions{Node: c.a, HostPID: true,
 				Args: []string{"kill-during", "mkfs.ext4", nodePluginPattern, strconv.Itoa(int(writerStartTimeout.Seconds()))}})
 			c.WaitPod(t, w.ns, "killer", corev1.PodRunning)

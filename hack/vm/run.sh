@@ -190,6 +190,7 @@ io_threads_first() {
     sleep 0.1
     vcpus=$(cat "/proc/$p/task/"*/comm 2>/dev/null | grep -c '^CPU [0-9]*/' || true)
   done
+  # The main loop first: threads it starts meanwhile inherit the policy.
   for t in "/proc/$p/task/$p" "/proc/$p/task/"*; do
     case $(cat "$t/comm" 2>/dev/null) in "CPU "*) continue ;; esac
     # (a worker thread may have ended since the listing)
