@@ -236,6 +236,19 @@ phase "guest runs" $((SECONDS - t))
 # --- the verdict, from the per-run results the guest wrote.
 echo "vmtest: reports:"
 cat "$SHARE"/out/reports/*.txt 2>/dev/null | sed 's/^/  /'
+# CI keeps only this output, not the guest's logs: a failed run shows what
+# its tests said (t.Error/t.Fatal lines and their continuation) and the
+# RPCs its driver answered with an error, cut to a screenful.
+why_failed() {
+  [ -f "$1" ] || return 0
+  awk '
+    /^ *--- FAIL/ { print; next }
+    /_test\.go:[0-9]+:/ { print; more = 1; next }
+    more && /^        / { print; next }
+    { more = 0 }
+    /"rpc"|\trpc\t/ && /"code": "/ && !/"code": "OK"/ { print substr($0, 1, 400) }
+  ' "$1" | tail -n 40 | sed 's/^/    /'
+}
 passed=0 failed=0
 while read -r _ label _; do
   result=$SHARE/out/$label.result
@@ -244,6 +257,7 @@ while read -r _ label _; do
   else
     failed=$((failed + 1))
     echo "vmtest: FAILED $label ($(cat "$result" 2>/dev/null || echo "no result")); log: $SHARE/out/$label.log"
+    why_failed "$SHARE/out/$label.log"
   fi
 done <"$plan"
 [ "$guest_rc" -eq 0 ] || [ "$failed" -gt 0 ] || { echo "vmtest: the guest exited $guest_rc"; failed=$((failed + 1)); }
