@@ -237,17 +237,20 @@ phase "guest runs" $((SECONDS - t))
 echo "vmtest: reports:"
 cat "$SHARE"/out/reports/*.txt 2>/dev/null | sed 's/^/  /'
 # CI keeps only this output, not the guest's logs: a failed run shows what
-# its tests said (t.Error/t.Fatal lines and their continuation) and the
-# RPCs its driver answered with an error, cut to a screenful.
+# its tests said (--- FAIL and ginkgo's [FAIL] lines, t.Error/t.Fatal lines
+# and their continuation), then the last RPCs its driver answered with an
+# error (csi-sanity's expected refusals are many, so they come last and
+# few).
 why_failed() {
   [ -f "$1" ] || return 0
   awk '
-    /^ *--- FAIL/ { print; next }
+    /^ *--- FAIL|\[FAIL\]/ { print; next }
     /_test\.go:[0-9]+:/ { print; more = 1; next }
     more && /^        / { print; next }
     { more = 0 }
-    /"rpc"|\trpc\t/ && /"code": "/ && !/"code": "OK"/ { print substr($0, 1, 400) }
-  ' "$1" | tail -n 40 | sed 's/^/    /'
+  ' "$1" | head -n 30 | sed 's/^/    /'
+  awk '/"rpc"|\trpc\t/ && /"code": "/ && !/"code": "OK"/ { print substr($0, 1, 400) }' "$1" |
+    tail -n 10 | sed 's/^/    /'
 }
 passed=0 failed=0
 while read -r _ label _; do
