@@ -237,10 +237,10 @@ phase "guest runs" $((SECONDS - t))
 echo "vmtest: reports:"
 cat "$SHARE"/out/reports/*.txt 2>/dev/null | sed 's/^/  /'
 # CI keeps only this output, not the guest's logs: a failed run shows what
-# its tests said (--- FAIL and ginkgo's [FAIL] lines, t.Error/t.Fatal lines
-# and their continuation), then the last RPCs its driver answered with an
-# error (csi-sanity's expected refusals are many, so they come last and
-# few).
+# its tests said last (--- FAIL and ginkgo's [FAIL] lines, t.Error/t.Fatal
+# lines and their continuation; the passing tests' t.Log lines before them
+# are cut), then the last RPCs its driver answered with an error
+# (csi-sanity's expected refusals are many, so they come last and few).
 why_failed() {
   [ -f "$1" ] || return 0
   awk '
@@ -248,7 +248,7 @@ why_failed() {
     /_test\.go:[0-9]+:/ { print; more = 1; next }
     more && /^        / { print; next }
     { more = 0 }
-  ' "$1" | head -n 30 | sed 's/^/    /'
+  ' "$1" | tail -n 30 | sed 's/^/    /'
   awk '/"rpc"|\trpc\t/ && /"code": "/ && !/"code": "OK"/ { print substr($0, 1, 400) }' "$1" |
     tail -n 10 | sed 's/^/    /'
 }
