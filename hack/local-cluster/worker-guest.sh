@@ -76,6 +76,20 @@ mkdir -p /etc/kubernetes/pki /etc/cni/net.d /run/containerd
 cp "$SHARE"/pki/* /etc/kubernetes/pki/
 
 # --- containerd + runc (systemd cgroups: the guest runs systemd, cgroup v2)
+# containerd, its shims, the runc they run and kubelet live in this run's
+# service, under system.slice; the pods live in kubepods.slice, whose CPU
+# weight kubelet sets from the node's CPUs (79 for 2). On an emulated
+# worker under load (run N: load 15 on 2 vCPUs), the pods' work took the
+# CPU that runc needed to delete an exited container within containerd's
+# 10 s, for minutes (docs/testing.md, runs N, O and V): replacing a node
+# plugin pod took up to 9 minutes and a helm upgrade ran out. A weight of
+# 500 lets the node's own agents go first when both want the CPU; the pods
+# still get every CPU they leave idle.
+if systemctl set-property --runtime system.slice CPUWeight=500 2>/dev/null; then
+  say "system.slice CPU weight $(cat /sys/fs/cgroup/system.slice/cpu.weight 2>/dev/null || echo unknown)"
+else
+  say "could not raise system.slice's CPU weight; containerd competes with the pods"
+fi
 cat >/etc/containerd.toml <<CT
 version = 2
 root = "/var/lib/containerd"
