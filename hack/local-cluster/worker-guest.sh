@@ -82,13 +82,16 @@ cp "$SHARE"/pki/* /etc/kubernetes/pki/
 # worker under load (run N: load 15 on 2 vCPUs), the pods' work took the
 # CPU that runc needed to delete an exited container within containerd's
 # 10 s, for minutes (docs/testing.md, runs N, O and V): replacing a node
-# plugin pod took up to 9 minutes and a helm upgrade ran out. A weight of
-# 500 lets the node's own agents go first when both want the CPU; the pods
-# still get every CPU they leave idle.
-if systemctl set-property --runtime system.slice CPUWeight=500 2>/dev/null; then
+# plugin pod took up to 9 minutes and a helm upgrade ran out. The pods'
+# work includes the userspace attachers' (rbd-nbd, rbd-fuse,
+# qemu-storage-daemon in the attach daemon's pod), so the weight is a
+# balance: at 500 (run W) pods were replaced in about a minute, but
+# rbd-nbd's writer paused 11.7 s while helm upgrade replaced them.
+# SYSTEM_CPU_WEIGHT is workers.sh's WORKER_SYSTEM_CPU_WEIGHT.
+if systemctl set-property --runtime system.slice CPUWeight="${SYSTEM_CPU_WEIGHT:-200}" 2>/dev/null; then
   say "system.slice CPU weight $(cat /sys/fs/cgroup/system.slice/cpu.weight 2>/dev/null || echo unknown)"
 else
-  say "could not raise system.slice's CPU weight; containerd competes with the pods"
+  say "could not set system.slice's CPU weight; containerd competes with the pods"
 fi
 cat >/etc/containerd.toml <<CT
 version = 2

@@ -45,6 +45,9 @@ WORKER_DISK=${WORKER_DISK:-8G}
 # WORKER_STALL_SAMPLER=1: each worker logs its tasks blocked in D, with
 # their kernel stacks, to out/stalls.log (worker-guest.sh); off by default,
 # it takes a loaded guest's CPU.
+# WORKER_SYSTEM_CPU_WEIGHT: the CPU weight of each worker's system.slice
+# (containerd, runc, kubelet) against kubepods.slice's 79 (worker-guest.sh
+# says why; default 200).
 # WORKER_SHARED_DIRS: directories of this machine every worker mounts at the
 # same path (9p), as shared storage would be, e.g. a loop pool (an iSCSI
 # node needs no share of its pool: it reaches the target's portal).
@@ -142,6 +145,7 @@ POD_SUBNET=$(worker_subnet "$i")
 APISERVER=https://$VM_UPLINK_HOST_IP:6443
 SHARED_DIRS="$(shared_specs)"
 STALL_SAMPLER=${WORKER_STALL_SAMPLER:-0}
+SYSTEM_CPU_WEIGHT=${WORKER_SYSTEM_CPU_WEIGHT:-200}
 ENV
   [ -e "$d/disk.img" ] || truncate -s "$WORKER_DISK" "$d/disk.img"
   # Routes: this machine -> the worker's pods via the namespace, the
