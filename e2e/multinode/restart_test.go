@@ -636,20 +636,22 @@ func (r release) upgrade(t *testing.T, tag string) {
 	t.Logf("helm upgrade to tag %s took %v", tag, time.Since(start).Round(time.Second))
 }
 
-// upgradeTo runs `helm upgrade` of release spindle in kube-system to chart
-// with the values file and more flags, and waits for it (--wait) as long
-// as the node DaemonSet's rolling update may take: it replaces one node's
-// plugin at a time, and each gets nodePluginTimeout to come back, as in
+// helmUpgradeWait is how long `helm upgrade --wait` waits for the release:
+// the node DaemonSet's rolling update replaces one node's plugin at a time,
+// and each gets nodePluginTimeout to come back, as in
 // TestNodePluginRestartKeepsIO (9 minutes on an emulated worker, run V).
+const helmUpgradeWait = 2*nodePluginTimeout + 2*time.Minute
+
+// upgradeTo runs `helm upgrade` of release spindle in kube-system to chart
+// with the values file and more flags, and waits for it (--wait).
 func (r release) upgradeTo(chart, values string, flags ...string) ([]byte, error) {
-	wait := 2*nodePluginTimeout + 2*time.Minute
-	return r.run(append([]string{"upgrade", "spindle", chart, "-f", values, "--wait", "--timeout", wait.String()}, flags...)...)
+	return r.run(append([]string{"upgrade", "spindle", chart, "-f", values, "--wait", "--timeout", helmUpgradeWait.String()}, flags...)...)
 }
 
 // run runs helm with args on the release's namespace and cluster, for at
-// most upgradeTo's wait and a little.
+// most an upgrade's wait and a little.
 func (r release) run(args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*nodePluginTimeout+5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), helmUpgradeWait+3*time.Minute)
 	defer cancel()
 	return exec.CommandContext(ctx, r.helm, append(args, "--namespace", "kube-system", "--kubeconfig", r.kubeconfig)...).CombinedOutput()
 }
