@@ -87,10 +87,10 @@ cp "$SHARE"/pki/* /etc/kubernetes/pki/
 # qemu-storage-daemon in the attach daemon's pod), so the weight is a
 # balance: at 500 (run W) pods were replaced in about a minute, but
 # rbd-nbd's writer paused 11.7 s while helm upgrade replaced them; at 200
-# (runs X and Y) in 0.5-1.5 minutes, the userspace writers' pauses under
+# (runs X and Y) within 1.5 minutes, the userspace writers' pauses under
 # 4.1 s.
 # SYSTEM_CPU_WEIGHT is workers.sh's WORKER_SYSTEM_CPU_WEIGHT.
-if systemctl set-property --runtime system.slice CPUWeight="${SYSTEM_CPU_WEIGHT:-200}" 2>/dev/null; then
+if systemctl set-property --runtime system.slice CPUWeight="$SYSTEM_CPU_WEIGHT" 2>/dev/null; then
   say "system.slice CPU weight $(cat /sys/fs/cgroup/system.slice/cpu.weight 2>/dev/null || echo unknown)"
 else
   say "could not set system.slice's CPU weight; containerd competes with the pods"
