@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Starts a throw-away single-node Ceph (16, pacific) cluster for Spindle's RBD
-# tests: 1 mon, 1 mgr, 1 memstore OSD, all on 127.0.0.1, everything (config,
+# Starts a throw-away single-node Ceph cluster for Spindle's RBD tests: 1
+# mon, 1 mgr, 1 memstore OSD, all on 127.0.0.1, everything (config,
 # keyrings, pid files, logs, the mon's store) under DIR, nothing in /etc/ceph
 # or /var/lib/ceph. Based on the shared recipe (shared/recipes/backends).
+# The daemons are those of a Ceph root (hack/ceph/root.sh): Tentacle 20 by
+# default, SPINDLE_CEPH_RELEASE=18 for Reef; outside a root the script runs
+# itself in one (hack/ceph/run), and the daemons stay there.
 #
 #   hack/ceph-up.sh DIR [POOL...]      then: export CEPH_CONF=DIR/ceph.conf
 #
@@ -16,8 +19,15 @@
 # in the qemu guests' network namespace on 192.168.77.1.
 # Stop it with hack/ceph-down.sh DIR.
 set -euo pipefail
-D=${1:?usage: $0 DIR [POOL...]}
+if [ ! -r /etc/spindle-ceph-root ]; then
+  exec "$(cd "$(dirname "$0")" && pwd)/ceph/run" "$(cd "$(dirname "$0")" && pwd)/ceph-up.sh" "$@"
+fi
+D=$(realpath -m "${1:?usage: $0 DIR [POOL...]}")
 shift
+# The daemons run from /: Debian's ceph-osd (20.2.4) loads its object
+# classes (cls_rbd, cls_lock) from a path relative to its working
+# directory, and fails every rbd call elsewhere.
+cd /
 MON_PORT=${MON_PORT:-3300}
 MON_V1_PORT=${MON_V1_PORT:-6789}
 OSD_BYTES=${OSD_BYTES:-2147483648}
@@ -28,7 +38,7 @@ T0=$(date +%s%N)
 step() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[%3d.%03ds] %s\n' $((ms/1000)) $((ms%1000)) "$*"; }
 
 for prog in ceph-mon ceph-mgr ceph-osd ceph ceph-authtool monmaptool uuidgen; do
-  command -v "$prog" >/dev/null || { echo "ceph-up.sh: $prog is not installed (hack/install-deps.sh installs it)" >&2; exit 3; }
+  command -v "$prog" >/dev/null || { echo "ceph-up.sh: $prog is not in the Ceph root $(cat /etc/spindle-ceph-root) (rebuild it: hack/ceph/root.sh)" >&2; exit 3; }
 done
 [ -e "$D/run/mon.a.pid" ] && { echo "ceph-up.sh: a cluster in $D seems to be running; run hack/ceph-down.sh $D first" >&2; exit 1; }
 rm -rf "$D"; mkdir -p "$D"/{run,log,mon.a,mgr.x,osd.0}
@@ -113,6 +123,7 @@ step "clients must be mimic or newer (clone format 2)"
 for pool in "$@"; do
   ceph osd pool create "$pool" 8 8 >/dev/null 2>&1
   ceph osd pool application enable "$pool" rbd >/dev/null
+  rbd pool init "$pool" # as Rook and the docs do; RADOS namespaces need it
   step "pool $pool created"
 done
 # ceph df (pool capacity) needs an active mgr.
