@@ -3,6 +3,7 @@ module github.com/spindle-csi/spindle
 go 1.26.0
 
 require (
+	github.com/ceph/go-ceph v0.41.0
 	github.com/container-storage-interface/spec v1.13.0
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
 	github.com/onsi/ginkgo/v2 v2.32.1
