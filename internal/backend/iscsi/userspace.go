@@ -1,27 +1,21 @@
 package iscsi
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/qsd"
 )
 
 // userspace logs in with qemu-storage-daemon's iSCSI client (libiscsi),
@@ -47,9 +41,8 @@ func newUserspace(run *command.Runner, stateDir string) *userspace {
 // qsdNode is the block node and export name inside each daemon.
 const qsdNode = "lun"
 
-// Bounds of waiting for the daemon and the loop driver.
+// Bounds of waiting for the loop driver.
 const (
-	stopWait    = 5 * time.Second
 	releaseWait = time.Second
 	pollEvery   = 20 * time.Millisecond
 )
@@ -66,8 +59,8 @@ func (u *userspace) lunFile(iqn string) string { return filepath.Join(u.dir(iqn)
 // Probe: FUSE, loop devices, losetup here and qemu-storage-daemon where
 // it runs (in the attach daemon, when the node plugin has one).
 func (u *userspace) Probe(ctx context.Context) error {
-	if err := u.run.CheckDaemons(ctx, "qemu-storage-daemon"); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "the userspace iSCSI attacher cannot start qemu-storage-daemon")
+	if err := u.run.CheckDaemons(ctx, qsd.Program); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "the userspace iSCSI attacher cannot start %s", qsd.Program)
 	}
 	var missing []string
 	if _, err := exec.LookPath("losetup"); err != nil {
@@ -88,27 +81,10 @@ func (u *userspace) Probe(ctx context.Context) error {
 // whether its export is read-only. A pid file whose process is not a
 // qemu-storage-daemon for this target is stale.
 func (u *userspace) daemon(iqn string) (pid int, readOnly bool) {
-	data, err := os.ReadFile(filepath.Join(u.dir(iqn), "qsd.pid"))
-	if err != nil {
-		return 0, false
-	}
-	pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return 0, false
-	}
-	args := strings.Split(string(cmdline), "\x00")
-	if len(args) == 0 || filepath.Base(args[0]) != "qemu-storage-daemon" {
-		return 0, false
-	}
-	joined := strings.Join(args, " ")
-	if !strings.Contains(joined, ",target="+iqn+",") {
-		return 0, false
-	}
-	return pid, strings.Contains(joined, "writable=off")
+	pid, args := qsd.Running(filepath.Join(u.dir(iqn), "qsd.pid"), func(args []string) bool {
+		return strings.Contains(strings.Join(args, " "), ",target="+iqn+",")
+	})
+	return pid, pid != 0 && strings.Contains(strings.Join(args, " "), "writable=off")
 }
 
 func (u *userspace) Connect(ctx context.Context, s session) (*connDevice, error) {
@@ -195,7 +171,7 @@ func (u *userspace) start(ctx context.Context, s session) error {
 		// serves the LUN for as long as it is attached and must outlive
 		// the node plugin. Its directory is on a host path both see, so
 		// its FUSE export reaches this process's mount table.
-		_, err := u.run.Daemons().Run(ctx, "qemu-storage-daemon", args...)
+		_, err := u.run.Daemons().Run(ctx, qsd.Program, args...)
 		if err == nil {
 			return nil
 		}
@@ -226,64 +202,19 @@ func loginError(err error, s session, portal string) error {
 // clean removes what a dead daemon left in dir: a FUSE mount that lost
 // its server, the files.
 func (u *userspace) clean(dir string) error {
-	lun := filepath.Join(dir, "lun")
-	if mounted(lun) {
-		if err := unix.Unmount(lun, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("unmount the stale FUSE export %s: %w", lun, err)
-		}
+	if err := qsd.Unmount(filepath.Join(dir, "lun")); err != nil {
+		return err
 	}
 	return os.RemoveAll(dir)
 }
 
-// mounted reports whether path is a mount point.
-func mounted(path string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == path {
-			return true
-		}
-	}
-	return false
-}
-
 // stop ends the target's daemon (QMP quit, then signals) and cleans up.
 func (u *userspace) stop(ctx context.Context, iqn string) error {
-	dir := u.dir(iqn)
 	pid, _ := u.daemon(iqn)
-	if pid != 0 {
-		_, qerr := qmp(ctx, filepath.Join(dir, "qmp.sock"), "quit", nil)
-		if !waitGone(pid, stopWait) {
-			_ = syscall.Kill(pid, syscall.SIGTERM)
-			if !waitGone(pid, stopWait) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-				if !waitGone(pid, stopWait) {
-					return fmt.Errorf("qemu-storage-daemon %d of target %s does not stop (quit: %v)", pid, iqn, qerr)
-				}
-			}
-		}
+	if err := qsd.Stop(ctx, pid, filepath.Join(u.dir(iqn), "qmp.sock")); err != nil {
+		return fmt.Errorf("target %s: %w", iqn, err)
 	}
-	return u.clean(dir)
-}
-
-// waitGone waits for pid to exit (a zombie counts as gone).
-func waitGone(pid int, wait time.Duration) bool {
-	deadline := time.Now().Add(wait)
-	for {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return true
-		}
-		if _, rest, ok := strings.Cut(string(stat), ") "); ok && strings.HasPrefix(rest, "Z") {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(pollEvery)
-	}
+	return u.clean(u.dir(iqn))
 }
 
 // loopDevices lists the loop devices bound to file.
@@ -376,119 +307,24 @@ func (u *userspace) detachLoop(ctx context.Context, iqn, lun, dev string) error 
 // else, so the node needs no record of the image's size.
 func (u *userspace) Refresh(ctx context.Context, s session, dev string) (int64, error) {
 	sock := filepath.Join(u.dir(s.IQN), "qmp.sock")
-	had, err := lunSize(ctx, sock)
+	had, err := qsd.NodeSize(ctx, sock, qsdNode)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := qmp(ctx, sock, "block_resize", map[string]any{"node-name": qsdNode, "size": had}); err != nil {
+	if err := qsd.Resize(ctx, sock, qsdNode, had); err != nil {
 		return 0, fmt.Errorf("have the iSCSI export of %s re-read its capacity: %w", s.IQN, err)
 	}
-	size, err := lunSize(ctx, sock)
+	size, err := qsd.NodeSize(ctx, sock, qsdNode)
 	if err != nil {
 		return 0, err
 	}
 	// The loop driver takes the size the kernel has cached for the FUSE
-	// file; a stat makes FUSE ask the daemon again once its attribute
-	// timeout has passed.
-	lun := u.lunFile(s.IQN)
-	deadline := time.Now().Add(stopWait)
-	for {
-		st, err := os.Stat(lun)
-		if err != nil {
-			return 0, err
-		}
-		if st.Size() >= size {
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the FUSE export of %s still reports %d bytes, not %d", s.IQN, st.Size(), size)
-		}
-		time.Sleep(pollEvery)
+	// file.
+	if err := qsd.AwaitFileSize(u.lunFile(s.IQN), size); err != nil {
+		return 0, fmt.Errorf("target %s: %w", s.IQN, err)
 	}
 	if err := u.loops.SetCapacity(ctx, dev); err != nil {
 		return 0, err
 	}
 	return u.loops.Size(dev)
-}
-
-// lunSize is the size of the daemon's LUN as qemu has it
-// (query-named-block-nodes: the node's virtual-size).
-func lunSize(ctx context.Context, sock string) (int64, error) {
-	out, err := qmp(ctx, sock, "query-named-block-nodes", map[string]any{"flat": true})
-	if err != nil {
-		return 0, fmt.Errorf("query the iSCSI export's size: %w", err)
-	}
-	var nodes []struct {
-		NodeName string `json:"node-name"`
-		Image    struct {
-			VirtualSize int64 `json:"virtual-size"`
-		} `json:"image"`
-	}
-	if err := json.Unmarshal(out, &nodes); err != nil {
-		return 0, fmt.Errorf("query-named-block-nodes answered %s: %w", out, err)
-	}
-	for _, n := range nodes {
-		if n.NodeName == qsdNode {
-			return n.Image.VirtualSize, nil
-		}
-	}
-	return 0, fmt.Errorf("qemu-storage-daemon has no block node %q (query-named-block-nodes: %s)", qsdNode, out)
-}
-
-// qmp runs one QMP command on a daemon's control socket.
-func qmp(ctx context.Context, socket, cmd string, args map[string]any) (json.RawMessage, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	r := bufio.NewReader(conn)
-	if _, err := r.ReadBytes('\n'); err != nil { // the greeting
-		return nil, fmt.Errorf("QMP greeting: %w", err)
-	}
-	call := func(cmd string, args map[string]any) (json.RawMessage, error) {
-		req := map[string]any{"execute": cmd}
-		if args != nil {
-			req["arguments"] = args
-		}
-		data, _ := json.Marshal(req)
-		if _, err := conn.Write(append(data, '\n')); err != nil {
-			return nil, err
-		}
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				if cmd == "quit" {
-					return nil, nil // the daemon closed the socket as it quit
-				}
-				return nil, err
-			}
-			var resp struct {
-				Return json.RawMessage `json:"return"`
-				Error  *struct {
-					Desc string `json:"desc"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(line, &resp); err != nil {
-				return nil, fmt.Errorf("QMP answered %q: %w", line, err)
-			}
-			if resp.Error != nil {
-				return nil, fmt.Errorf("QMP %s: %s", cmd, resp.Error.Desc)
-			}
-			if resp.Return != nil {
-				return resp.Return, nil
-			}
-			// An event: read on.
-		}
-	}
-	if _, err := call("qmp_capabilities", nil); err != nil {
-		return nil, err
-	}
-	return call(cmd, args)
 }
