@@ -4,8 +4,9 @@
 // metadata and snapshots in every namespace, format-2 clones whose parent
 // snapshot waits in the trash namespace until its last clone goes, the
 // pool trash, watchers and locks, the manager's rbd tasks, omap objects,
-// cephx users, and failure injection (OnCall) and hangs at any call.
-// Image data is not kept: what data tests need runs on a real cluster.
+// cephx users. Failures are injected around it (cephtest.Intercept), as
+// around the real client. Image data is not kept: what data tests need
+// runs on a real cluster.
 package cephfake
 
 import (
@@ -23,15 +24,6 @@ import (
 	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
-
-// Call is one call a client makes, as OnCall sees it.
-type Call struct {
-	Op    string // the Client method's name: "CreateImage", "SetImageMetadata", ...
-	Image ceph.ImageSpec
-	Snap  string   // the snapshot the call names, if any
-	Keys  []string // the metadata or omap keys it sets or removes
-	User  string
-}
 
 // Cluster is one fake cluster. Its zero value is not usable: New.
 type Cluster struct {
@@ -51,11 +43,7 @@ type Cluster struct {
 	noTasks     bool // the manager has no rbd_support module
 	mgrClients  []string
 	blocklist   []string
-	calls       []Call
-	// OnCall, when set, runs before every call (under no lock): an error
-	// it returns is the call's answer, and nothing is done.
-	onCall func(Call) error
-	now    func() time.Time
+	now         func() time.Time
 }
 
 type namespace struct {
@@ -128,6 +116,16 @@ const (
 	ManagerAddr = "127.0.0.1:0/1000"
 )
 
+// Reset empties the cluster as a new one of the same pools and users:
+// no image, trash, omap object, task or blocklist entry.
+func (c *Cluster) Reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nss = map[ceph.PoolSpec]*namespace{}
+	c.tasks, c.blocklist = nil, nil
+	c.manualTasks, c.noTasks = false, false
+}
+
 // AddPool creates a pool with 100 GiB available.
 func (c *Cluster) AddPool(name string) {
 	c.mu.Lock()
@@ -165,13 +163,6 @@ func (c *Cluster) SetClock(now func() time.Time) {
 	c.now = now
 }
 
-// OnCall sets the hook every call runs first (nil: none).
-func (c *Cluster) OnCall(fn func(Call) error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.onCall = fn
-}
-
 // ManualTasks makes the manager keep its tasks until RunTasks.
 func (c *Cluster) ManualTasks(on bool) {
 	c.mu.Lock()
@@ -184,13 +175,6 @@ func (c *Cluster) NoTaskModule(on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.noTasks = on
-}
-
-// Calls returns the calls made so far, in order.
-func (c *Cluster) Calls() []Call {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.calls)
 }
 
 // Blocklisted returns the blocklisted addresses.
@@ -232,38 +216,22 @@ type client struct {
 	user string
 }
 
-// begin records a call, runs the hook, and locks the cluster (the
-// returned function unlocks it).
-func (cl *client) begin(ctx context.Context, call Call) (func(), error) {
-	call.User = cl.user
-	cl.c.mu.Lock()
-	cl.c.calls = append(cl.c.calls, call)
-	hook := cl.c.onCall
-	cl.c.mu.Unlock()
+// call is one call of a client: its name and what it names.
+type call struct {
+	Op    string
+	Image ceph.ImageSpec
+	Snap  string
+	Keys  []string
+}
+
+// begin locks the cluster for a call (the returned function unlocks it),
+// unless the call's context has ended.
+func (cl *client) begin(ctx context.Context, c call) (func(), error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%s: stopped by the request's own deadline or cancellation: %w", call.Op, err)
-	}
-	if hook != nil {
-		if err := hook(call); err != nil {
-			return nil, err
-		}
+		return nil, fmt.Errorf("%s: stopped by the request's own deadline or cancellation: %w", c.Op, err)
 	}
 	cl.c.mu.Lock()
 	return cl.c.mu.Unlock, nil
-}
-
-// Hang is an OnCall answer that makes the call wait until its context
-// ends, as a call to an unreachable cluster does; limit is the client's
-// call limit the real one answers at.
-func Hang(ctx context.Context, op string, limit time.Duration) error {
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return fmt.Errorf("%s: stopped by the request's own deadline or cancellation: %w", op, ctx.Err())
-	case <-t.C:
-		return &ceph.DeadlineError{Op: op, Limit: limit}
-	}
 }
 
 func errno(n int, op string, args ...any) error { return ceph.Errorf(n, op, args...) }
@@ -404,7 +372,7 @@ func features(opts ceph.ImageOptions) ([]string, error) {
 }
 
 func (cl *client) Release(ctx context.Context) (ceph.Release, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "Release"})
+	unlock, err := cl.begin(ctx, call{Op: "Release"})
 	if err != nil {
 		return ceph.Release{}, err
 	}
@@ -413,7 +381,7 @@ func (cl *client) Release(ctx context.Context) (ceph.Release, error) {
 }
 
 func (cl *client) PoolAvailable(ctx context.Context, pool string) (int64, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "PoolAvailable", Image: ceph.ImageSpec{PoolSpec: ceph.PoolSpec{Pool: pool}}})
+	unlock, err := cl.begin(ctx, call{Op: "PoolAvailable", Image: ceph.ImageSpec{PoolSpec: ceph.PoolSpec{Pool: pool}}})
 	if err != nil {
 		return 0, err
 	}
@@ -425,7 +393,7 @@ func (cl *client) PoolAvailable(ctx context.Context, pool string) (int64, error)
 }
 
 func (cl *client) ManagerClients(ctx context.Context) ([]string, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "ManagerClients"})
+	unlock, err := cl.begin(ctx, call{Op: "ManagerClients"})
 	if err != nil {
 		return nil, err
 	}
@@ -434,7 +402,7 @@ func (cl *client) ManagerClients(ctx context.Context) ([]string, error) {
 }
 
 func (cl *client) Blocklist(ctx context.Context, addr string) error {
-	unlock, err := cl.begin(ctx, Call{Op: "Blocklist"})
+	unlock, err := cl.begin(ctx, call{Op: "Blocklist"})
 	if err != nil {
 		return err
 	}
@@ -450,8 +418,8 @@ func (cl *client) Blocklist(ctx context.Context, addr string) error {
 	return nil
 }
 
-func (cl *client) addTask(ctx context.Context, call Call, t ceph.Task) error {
-	unlock, err := cl.begin(ctx, call)
+func (cl *client) addTask(ctx context.Context, op call, t ceph.Task) error {
+	unlock, err := cl.begin(ctx, op)
 	if err != nil {
 		return err
 	}
@@ -525,15 +493,15 @@ func (c *Cluster) runTasksLocked() {
 }
 
 func (cl *client) AddFlattenTask(ctx context.Context, spec ceph.ImageSpec) error {
-	return cl.addTask(ctx, Call{Op: "AddFlattenTask", Image: spec}, ceph.Task{Action: ceph.TaskFlatten, Pool: spec.PoolSpec, Image: spec.Name})
+	return cl.addTask(ctx, call{Op: "AddFlattenTask", Image: spec}, ceph.Task{Action: ceph.TaskFlatten, Pool: spec.PoolSpec, Image: spec.Name})
 }
 
 func (cl *client) AddTrashRemoveTask(ctx context.Context, pool ceph.PoolSpec, id string) error {
-	return cl.addTask(ctx, Call{Op: "AddTrashRemoveTask", Image: pool.Image(id)}, ceph.Task{Action: ceph.TaskTrashRemove, Pool: pool, ImageID: id})
+	return cl.addTask(ctx, call{Op: "AddTrashRemoveTask", Image: pool.Image(id)}, ceph.Task{Action: ceph.TaskTrashRemove, Pool: pool, ImageID: id})
 }
 
 func (cl *client) Tasks(ctx context.Context) ([]ceph.Task, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "Tasks"})
+	unlock, err := cl.begin(ctx, call{Op: "Tasks"})
 	if err != nil {
 		return nil, err
 	}
@@ -549,7 +517,7 @@ func (cl *client) Tasks(ctx context.Context) ([]ceph.Task, error) {
 }
 
 func (cl *client) CreateImage(ctx context.Context, spec ceph.ImageSpec, size uint64, opts ceph.ImageOptions) error {
-	unlock, err := cl.begin(ctx, Call{Op: "CreateImage", Image: spec})
+	unlock, err := cl.begin(ctx, call{Op: "CreateImage", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -581,12 +549,18 @@ func (c *Cluster) create(spec ceph.ImageSpec, size uint64, opts ceph.ImageOption
 	}
 	img := &image{id: newID(), name: spec.Name, pool: spec.PoolSpec, size: size, features: f, created: c.now(),
 		parent: parent, meta: map[string]string{}, dataPool: opts.DataPool}
+	if parent != nil {
+		// A clone starts with its parent's metadata, as librbd copies it.
+		if p, err := c.byID(parent.pool, parent.imageID); err == nil {
+			img.meta = maps.Clone(p.meta)
+		}
+	}
 	n.images[img.id] = img
 	return nil
 }
 
 func (cl *client) CloneImage(ctx context.Context, parent ceph.ImageSpec, snap string, child ceph.ImageSpec, opts ceph.ImageOptions) error {
-	unlock, err := cl.begin(ctx, Call{Op: "CloneImage", Image: child, Snap: parent.At(snap)})
+	unlock, err := cl.begin(ctx, call{Op: "CloneImage", Image: child, Snap: parent.At(snap)})
 	if err != nil {
 		return err
 	}
@@ -630,7 +604,7 @@ func (c *Cluster) info(img *image, s *snapshot) *ceph.ImageInfo {
 }
 
 func (cl *client) StatImage(ctx context.Context, spec ceph.ImageSpec, snap string) (*ceph.ImageInfo, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "StatImage", Image: spec, Snap: snap})
+	unlock, err := cl.begin(ctx, call{Op: "StatImage", Image: spec, Snap: snap})
 	if err != nil {
 		return nil, err
 	}
@@ -649,7 +623,7 @@ func (cl *client) StatImage(ctx context.Context, spec ceph.ImageSpec, snap strin
 }
 
 func (cl *client) DescribeImage(ctx context.Context, spec ceph.ImageSpec) (*ceph.ImageInfo, map[string]string, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "DescribeImage", Image: spec})
+	unlock, err := cl.begin(ctx, call{Op: "DescribeImage", Image: spec})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -662,12 +636,12 @@ func (cl *client) DescribeImage(ctx context.Context, spec ceph.ImageSpec) (*ceph
 }
 
 // image finds a live image for a call, under the lock.
-func (cl *client) image(ctx context.Context, call Call) (*image, func(), error) {
-	unlock, err := cl.begin(ctx, call)
+func (cl *client) image(ctx context.Context, op call) (*image, func(), error) {
+	unlock, err := cl.begin(ctx, op)
 	if err != nil {
 		return nil, nil, err
 	}
-	img, err := cl.c.byName(call.Image)
+	img, err := cl.c.byName(op.Image)
 	if err != nil {
 		unlock()
 		return nil, nil, err
@@ -676,7 +650,7 @@ func (cl *client) image(ctx context.Context, call Call) (*image, func(), error) 
 }
 
 func (cl *client) ResizeImage(ctx context.Context, spec ceph.ImageSpec, size uint64) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "ResizeImage", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "ResizeImage", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -686,7 +660,7 @@ func (cl *client) ResizeImage(ctx context.Context, spec ceph.ImageSpec, size uin
 }
 
 func (cl *client) RenameImage(ctx context.Context, spec ceph.ImageSpec, newName string) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "RenameImage", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "RenameImage", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -712,7 +686,7 @@ func (c *Cluster) remove(img *image) error {
 }
 
 func (cl *client) RemoveImage(ctx context.Context, spec ceph.ImageSpec) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "RemoveImage", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "RemoveImage", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -721,7 +695,7 @@ func (cl *client) RemoveImage(ctx context.Context, spec ceph.ImageSpec) error {
 }
 
 func (cl *client) ListImages(ctx context.Context, pool ceph.PoolSpec) ([]string, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "ListImages", Image: pool.Image("")})
+	unlock, err := cl.begin(ctx, call{Op: "ListImages", Image: pool.Image("")})
 	if err != nil {
 		return nil, err
 	}
@@ -756,7 +730,7 @@ func (c *Cluster) flatten(img *image) error {
 }
 
 func (cl *client) FlattenImage(ctx context.Context, spec ceph.ImageSpec) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "FlattenImage", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "FlattenImage", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -765,7 +739,7 @@ func (cl *client) FlattenImage(ctx context.Context, spec ceph.ImageSpec) error {
 }
 
 func (cl *client) ImageMetadata(ctx context.Context, spec ceph.ImageSpec) (map[string]string, error) {
-	img, unlock, err := cl.image(ctx, Call{Op: "ImageMetadata", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "ImageMetadata", Image: spec})
 	if err != nil {
 		return nil, err
 	}
@@ -774,7 +748,7 @@ func (cl *client) ImageMetadata(ctx context.Context, spec ceph.ImageSpec) (map[s
 }
 
 func (cl *client) ImageMetadataValue(ctx context.Context, spec ceph.ImageSpec, key string) (string, error) {
-	img, unlock, err := cl.image(ctx, Call{Op: "ImageMetadataValue", Image: spec, Keys: []string{key}})
+	img, unlock, err := cl.image(ctx, call{Op: "ImageMetadataValue", Image: spec, Keys: []string{key}})
 	if err != nil {
 		return "", err
 	}
@@ -787,7 +761,7 @@ func (cl *client) ImageMetadataValue(ctx context.Context, spec ceph.ImageSpec, k
 }
 
 func (cl *client) SetImageMetadata(ctx context.Context, spec ceph.ImageSpec, kv map[string]string) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "SetImageMetadata", Image: spec, Keys: slices.Sorted(maps.Keys(kv))})
+	img, unlock, err := cl.image(ctx, call{Op: "SetImageMetadata", Image: spec, Keys: slices.Sorted(maps.Keys(kv))})
 	if err != nil {
 		return err
 	}
@@ -811,7 +785,7 @@ func snapInfos(img *image) []ceph.SnapInfo {
 }
 
 func (cl *client) Snapshots(ctx context.Context, spec ceph.ImageSpec) ([]ceph.SnapInfo, error) {
-	img, unlock, err := cl.image(ctx, Call{Op: "Snapshots", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "Snapshots", Image: spec})
 	if err != nil {
 		return nil, err
 	}
@@ -820,7 +794,7 @@ func (cl *client) Snapshots(ctx context.Context, spec ceph.ImageSpec) ([]ceph.Sn
 }
 
 func (cl *client) SnapshotsOfID(ctx context.Context, pool ceph.PoolSpec, id string) ([]ceph.SnapInfo, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "SnapshotsOfID", Image: pool.Image(id)})
+	unlock, err := cl.begin(ctx, call{Op: "SnapshotsOfID", Image: pool.Image(id)})
 	if err != nil {
 		return nil, err
 	}
@@ -833,7 +807,7 @@ func (cl *client) SnapshotsOfID(ctx context.Context, pool ceph.PoolSpec, id stri
 }
 
 func (cl *client) CreateSnapshot(ctx context.Context, spec ceph.ImageSpec, snap string) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "CreateSnapshot", Image: spec, Snap: snap})
+	img, unlock, err := cl.image(ctx, call{Op: "CreateSnapshot", Image: spec, Snap: snap})
 	if err != nil {
 		return err
 	}
@@ -852,7 +826,7 @@ func (cl *client) CreateSnapshot(ctx context.Context, spec ceph.ImageSpec, snap 
 }
 
 func (cl *client) RemoveSnapshot(ctx context.Context, spec ceph.ImageSpec, snap string) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "RemoveSnapshot", Image: spec, Snap: snap})
+	img, unlock, err := cl.image(ctx, call{Op: "RemoveSnapshot", Image: spec, Snap: snap})
 	if err != nil {
 		return err
 	}
@@ -881,7 +855,7 @@ func newUUID() string {
 }
 
 func (cl *client) UnprotectSnapshot(ctx context.Context, spec ceph.ImageSpec, snap string) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "UnprotectSnapshot", Image: spec, Snap: snap})
+	img, unlock, err := cl.image(ctx, call{Op: "UnprotectSnapshot", Image: spec, Snap: snap})
 	if err != nil {
 		return err
 	}
@@ -900,7 +874,7 @@ func (cl *client) UnprotectSnapshot(ctx context.Context, spec ceph.ImageSpec, sn
 }
 
 func (cl *client) Children(ctx context.Context, spec ceph.ImageSpec, snap string) ([]ceph.Child, error) {
-	img, unlock, err := cl.image(ctx, Call{Op: "Children", Image: spec, Snap: snap})
+	img, unlock, err := cl.image(ctx, call{Op: "Children", Image: spec, Snap: snap})
 	if err != nil {
 		return nil, err
 	}
@@ -917,7 +891,7 @@ func (cl *client) Children(ctx context.Context, spec ceph.ImageSpec, snap string
 }
 
 func (cl *client) TrashMove(ctx context.Context, spec ceph.ImageSpec) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "TrashMove", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "TrashMove", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -927,7 +901,7 @@ func (cl *client) TrashMove(ctx context.Context, spec ceph.ImageSpec) error {
 }
 
 func (cl *client) Trash(ctx context.Context, pool ceph.PoolSpec) ([]ceph.TrashEntry, error) {
-	unlock, err := cl.begin(ctx, Call{Op: "Trash", Image: pool.Image("")})
+	unlock, err := cl.begin(ctx, call{Op: "Trash", Image: pool.Image("")})
 	if err != nil {
 		return nil, err
 	}
@@ -947,7 +921,7 @@ func (cl *client) Trash(ctx context.Context, pool ceph.PoolSpec) ([]ceph.TrashEn
 }
 
 func (cl *client) TrashRemove(ctx context.Context, pool ceph.PoolSpec, id string) error {
-	unlock, err := cl.begin(ctx, Call{Op: "TrashRemove", Image: pool.Image(id)})
+	unlock, err := cl.begin(ctx, call{Op: "TrashRemove", Image: pool.Image(id)})
 	if err != nil {
 		return err
 	}
@@ -963,7 +937,7 @@ func (cl *client) TrashRemove(ctx context.Context, pool ceph.PoolSpec, id string
 }
 
 func (cl *client) Watchers(ctx context.Context, spec ceph.ImageSpec) ([]string, error) {
-	img, unlock, err := cl.image(ctx, Call{Op: "Watchers", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "Watchers", Image: spec})
 	if err != nil {
 		return nil, err
 	}
@@ -972,7 +946,7 @@ func (cl *client) Watchers(ctx context.Context, spec ceph.ImageSpec) ([]string, 
 }
 
 func (cl *client) Locks(ctx context.Context, spec ceph.ImageSpec) ([]ceph.Lock, error) {
-	img, unlock, err := cl.image(ctx, Call{Op: "Locks", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "Locks", Image: spec})
 	if err != nil {
 		return nil, err
 	}
@@ -981,7 +955,7 @@ func (cl *client) Locks(ctx context.Context, spec ceph.ImageSpec) ([]ceph.Lock, 
 }
 
 func (cl *client) BreakLock(ctx context.Context, spec ceph.ImageSpec, lock ceph.Lock) error {
-	img, unlock, err := cl.image(ctx, Call{Op: "BreakLock", Image: spec})
+	img, unlock, err := cl.image(ctx, call{Op: "BreakLock", Image: spec})
 	if err != nil {
 		return err
 	}
@@ -995,7 +969,7 @@ func (cl *client) BreakLock(ctx context.Context, spec ceph.ImageSpec, lock ceph.
 }
 
 func (cl *client) omap(ctx context.Context, op string, pool ceph.PoolSpec, object string, keys []string) (*namespace, func(), error) {
-	unlock, err := cl.begin(ctx, Call{Op: op, Image: pool.Image(object), Keys: keys})
+	unlock, err := cl.begin(ctx, call{Op: op, Image: pool.Image(object), Keys: keys})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -347,6 +347,7 @@ var cases = []contractCase{
 	}},
 	{"ClonesAreFormat2AndTheirSnapshotWaitsInTheTrashNamespace", func(h *harness) {
 		p := h.create(h.pool(), "parent")
+		h.must(h.c.SetImageMetadata(h.ctx, p, map[string]string{"owner": "parent"}), "set the parent's metadata")
 		h.must(h.c.CreateSnapshot(h.ctx, p, "s"), "snapshot")
 		pinfo, _ := h.c.StatImage(h.ctx, p, "")
 		other := ceph.PoolSpec{Pool: h.env.OtherPool}
@@ -356,6 +357,9 @@ var cases = []contractCase{
 		h.must(err, "stat the clone")
 		if info.Parent == nil || info.Parent.Pool != h.env.Pool || info.Parent.Image != p.Name || info.Parent.ImageID != pinfo.ID || info.Parent.Snapshot != "s" || info.Parent.Trash || info.Size != 64<<20 {
 			h.t.Fatalf("the clone's parent %+v size %d", info.Parent, info.Size)
+		}
+		if meta, err := h.c.ImageMetadata(h.ctx, c); err != nil || meta["owner"] != "parent" {
+			h.t.Fatalf("the clone's metadata %v %v: want its parent's, copied", meta, err)
 		}
 		kids, err := h.c.Children(h.ctx, p, "s")
 		h.must(err, "children")

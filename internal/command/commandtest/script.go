@@ -29,11 +29,20 @@ type Step struct {
 	err      error
 	stdin    *string
 	effect   func()
+	// check, when set, judges the arguments instead of an exact match.
+	check func(args []string) error
 }
 
 // Expect starts a step for the exact command line name args...
 func Expect(name string, args ...string) *Step {
 	return &Step{name: name, args: args}
+}
+
+// ExpectMatching starts a step for a command name whose arguments check
+// accepts: a command line that holds something made fresh for each run
+// (a temporary file's name).
+func ExpectMatching(name string, check func(args []string) error) *Step {
+	return &Step{name: name, check: check}
 }
 
 // Prints sets what the command writes to stdout.
@@ -103,7 +112,12 @@ func (s *Script) action(i int) testingexec.FakeCommandAction {
 	return func(name string, args ...string) utilexec.Cmd {
 		st := s.steps[i]
 		got := strings.Join(append([]string{name}, args...), " ")
-		if name != st.name || !slices.Equal(args, st.args) {
+		if st.check != nil && name == st.name {
+			if err := st.check(args); err != nil {
+				s.t.Errorf("command #%d: %s: %v", i+1, got, err)
+				return s.failing(name, args, fmt.Errorf("commandtest: unexpected command %q", got))
+			}
+		} else if name != st.name || !slices.Equal(args, st.args) {
 			s.t.Errorf("command #%d:\n  got  %s\n  want %s", i+1, got, st)
 			return s.failing(name, args, fmt.Errorf("commandtest: unexpected command %q", got))
 		}
