@@ -38,19 +38,15 @@ declare -A needs=(
   [qemu-img]=qemu-utils
   [qemu-storage-daemon]=qemu-system-common
   [fusermount3]=fuse3
-  # the rbd backend's tests: a throw-away Ceph cluster (hack/ceph-up.sh),
-  # the rbd/ceph CLIs, and rbd-fuse for mapping without kernel modules
-  [ceph-mon]=ceph-mon
-  [ceph-mgr]=ceph-mgr
-  [ceph-osd]=ceph-osd
-  [rbd]=ceph-common
-  [ceph]=ceph-common
-  [ceph-authtool]=ceph-common
-  [monmaptool]=ceph-common
-  [rbd-fuse]=rbd-fuse
-  [uuidgen]=uuid-runtime
+  # the rbd backend's tests and the driver image take Ceph (daemons, CLIs,
+  # client libraries) from a Ceph root that hack/ceph/root.sh builds with
+  # mmdebstrap (below): Debian 12's own Ceph 16 cannot log in to Ceph 20.
+  # Building the driver needs librados and librbd headers (cgo, go-ceph).
+  [unshare]=util-linux # hack/ceph/run
+  [gcc]=gcc
   # the qemu guests of `make vmtest` (hack/vm/): qemu itself, mmdebstrap for
-  # the guest's root filesystem, xz to unpack the kernel to a PVH vmlinux.
+  # the guest's root filesystem and the Ceph roots, xz to unpack the
+  # kernel to a PVH vmlinux.
   # (qemu-img is above.) The host has no cpio; hack/vm/build.sh uses the
   # guest's static busybox and chroot depmod instead.
   [qemu-system-x86_64]=qemu-system-x86
@@ -66,7 +62,6 @@ declare -A needs=(
   # iscsiadm, rbd-nbd, and modprobe, with which the node plugin loads
   # iscsi_tcp, rbd or nbd (this machine's own kernel has none of them)
   [iscsiadm]=open-iscsi
-  [rbd-nbd]=rbd-nbd
   [modprobe]=kmod
   # encrypted volumes: cryptsetup (LUKS2 headers; the node tests run it on
   # a file) and dmsetup (whether the kernel has dm-crypt)
@@ -81,6 +76,9 @@ fi
 
 # file -> Debian package, for what is not a program on PATH
 declare -A files=(
+  # the driver's Ceph client (internal/ceph, cgo over librados and librbd)
+  [/usr/include/rbd/librbd.h]=librbd-dev
+  [/usr/include/rados/librados.h]=librados-dev
   # qemu's iSCSI block driver (libiscsi), a loadable module
   [/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so]=qemu-block-extra
   # the database of `make e2e-multinode` (hack/images.sh postgres copies

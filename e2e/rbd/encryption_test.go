@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 package rbd
 
 import (

@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 // Package rbd drives an RBD volume the way a database pod sees it when it
 // moves between nodes, over the real path: a real Ceph cluster, rbd-fuse +
 // loop devices (or the mounter rbdtest.EnvMounter selects), ext4, two

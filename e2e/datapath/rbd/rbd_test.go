@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 // Package rbd measures the RBD backend's data path (e2e/datapath): an ext4
 // volume on an RBD image of a real Ceph cluster (internal/backend/rbd/rbdtest),
 // mapped by the mounter the environment selects (rbd-fuse here; krbd and

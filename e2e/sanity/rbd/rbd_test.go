@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 // Package rbd runs csi-sanity against the driver configured with the RBD
 // backend on a real single-node Ceph cluster (internal/backend/rbd/rbdtest),
 // mapping with rbd-fuse + loop devices, or the mounter rbdtest.EnvMounter

@@ -26,11 +26,11 @@ type mapper interface {
 	Unmap(ctx context.Context, r ref, dev, options string) error
 	// Mapped lists r's devices on this node.
 	Mapped(ctx context.Context, r ref) ([]mapped, error)
-	// Identify says which image dev is mapped to: ErrNotFound when it is
-	// not such a device.
-	Identify(ctx context.Context, dev string) (*mapped, error)
-	// Refresh makes dev see its image's current size and returns it.
-	Refresh(ctx context.Context, dev string) (int64, error)
+	// Identify says which image dev (a device expected to be r's) is
+	// mapped to: ErrNotFound when it is not such a device.
+	Identify(ctx context.Context, r ref, dev string) (*mapped, error)
+	// Refresh makes dev, a device of r, see r's current size and returns it.
+	Refresh(ctx context.Context, r ref, dev string) (int64, error)
 	// Available reports whether this node can map images this way.
 	Available(ctx context.Context) error
 	// Makes reports whether dev is the kind of device this mapper makes
@@ -271,7 +271,7 @@ func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*
 	if !ok {
 		return nil, errdefs.NotFound("%s is not a device of volume %s: no RBD mapper makes such devices", devicePath, imageID)
 	}
-	got, err := m.Identify(ctx, devicePath)
+	got, err := m.Identify(ctx, r, devicePath)
 	switch kind := errdefs.KindOf(err); {
 	case err == nil:
 	case kind == errdefs.ErrNotFound, kind == errdefs.ErrInvalidArgument:
@@ -286,12 +286,16 @@ func (t *transport) Identify(ctx context.Context, imageID, devicePath string) (*
 }
 
 // Refresh implements backend.Transport.
-func (t *transport) Refresh(ctx context.Context, _, devicePath string) (int64, error) {
+func (t *transport) Refresh(ctx context.Context, imageID, devicePath string) (int64, error) {
+	r, err := t.s.volumeRef(imageID)
+	if err != nil {
+		return 0, err
+	}
 	m, ok := t.mapperOf(devicePath)
 	if !ok {
 		return 0, errdefs.NotFound("%s is not an RBD device", devicePath)
 	}
-	return m.Refresh(ctx, devicePath)
+	return m.Refresh(ctx, r, devicePath)
 }
 
 // Available implements backend.Transport: this node can map images with

@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 package rbd_test
 
 import (
@@ -33,7 +35,7 @@ func BenchmarkSnapshotRBD(b *testing.B) {
 func benchSnapshot(b *testing.B, cl *rbdtest.Cluster, data int64) {
 	inst, store, ctx := benchController(b, cl)
 	vol := benchCreate(b, ctx, inst, blockVolume("pvc-bench", data, nil))
-	if _, err := cl.WriteRandom(ctx, imageOf(b, cl, vol.ID), data, 1); err != nil {
+	if _, err := cl.WriteRandom(ctx, imageIn(b, cl, vol.ID), data, 1); err != nil {
 		b.Fatal(err)
 	}
 	t0 := time.Now()
@@ -52,7 +54,7 @@ func benchSnapshot(b *testing.B, cl *rbdtest.Cluster, data int64) {
 func benchChain(b *testing.B, cl *rbdtest.Cluster, data int64, links int) {
 	inst, store, ctx := benchController(b, cl)
 	vol := benchCreate(b, ctx, inst, blockVolume("pvc-chain-0", data, nil))
-	if _, err := cl.WriteRandom(ctx, imageOf(b, cl, vol.ID), data, 2); err != nil {
+	if _, err := cl.WriteRandom(ctx, imageIn(b, cl, vol.ID), data, 2); err != nil {
 		b.Fatal(err)
 	}
 	var readies, restores []time.Duration
@@ -100,7 +102,7 @@ func benchChain(b *testing.B, cl *rbdtest.Cluster, data int64, links int) {
 
 // recordedDepth is the spindle.depth an image recorded (0: none).
 func recordedDepth(b *testing.B, ctx context.Context, cl *rbdtest.Cluster, id string) int {
-	out, err := cl.RBD(ctx, "image-meta", "get", cl.Pool+"/"+imageOf(b, cl, id), "spindle.depth")
+	out, err := cl.RBD(ctx, "image-meta", "get", cl.Pool+"/"+imageIn(b, cl, id), "spindle.depth")
 	if err != nil {
 		return 0
 	}
@@ -119,7 +121,7 @@ func benchController(b *testing.B, cl *rbdtest.Cluster) (*backend.Instance, *rbd
 	if err := cl.Wipe(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	inst, err := rbd.New("test", rbd.Config{ClusterID: "test", Monitors: []string{cl.Monitor}, Pool: cl.Pool, Mounter: rbd.MounterFuse, UserID: cl.User, KeyFile: cl.KeyFile}, command.New(utilexec.New(), nil))
+	inst, err := rbd.New("test", rbd.Config{ClusterID: "test", Monitors: []string{"v2:" + cl.Monitor}, Pool: cl.Pool, Mounter: rbd.MounterFuse, UserID: cl.User, KeyFile: cl.KeyFile}, command.New(utilexec.New(), nil))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package rbd
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -25,40 +25,48 @@ const (
 	SecretAdminKey = "adminKey"
 )
 
-// callTimeout bounds every call to the cluster made inside an RPC. A stale
-// lock makes "rbd rm" wait forever, and an unreachable monitor makes every
-// client retry for minutes; neither may hang an RPC. Nothing whose length
-// grows with the data (a copy, a flatten, removing a large image) runs under
-// it: that work is copy-on-write, or handed to the cluster's own background
-// tasks (tasks.go).
-const callTimeout = 30 * time.Second
+// callTimeout bounds each program the node runs against the cluster
+// inside an RPC (rbd device map, rbd-nbd, qemu-storage-daemon's start),
+// as ceph.DefaultCallLimit bounds each library call.
+const callTimeout = ceph.DefaultCallLimit
 
 // backgroundCallTimeout bounds one call of background work that the cluster
 // cannot run itself (a flatten or a removal where the mgr's rbd_support
 // module is missing): long enough for any image, short enough that a hung
-// client is eventually killed and the work redone.
+// client is eventually given up and the work redone.
 const backgroundCallTimeout = 12 * time.Hour
 
-// cluster runs the rbd and ceph CLIs against one instance's cluster.
+// cluster reaches the instance's clusters: through the Ceph client
+// library (internal/ceph: one connection per cluster and identity, shared
+// by every call) for everything the store asks, and through the node's
+// programs for what maps an image (rbd device map, rbd-nbd,
+// qemu-storage-daemon), which need the kernel or serve the device.
 type cluster struct {
-	cfg     Config
-	run     *command.Runner
-	keyRoot string // parent of the per-call key directories ("" = os.TempDir())
-	// callLimit replaces callTimeout when set (tests).
-	callLimit time.Duration
-	// slots holds one token per Ceph client running inside an RPC
+	cfg    Config
+	dialer ceph.Dialer
+	run    *command.Runner
+	// keyRoot is the parent of the per-call key directories the node's
+	// programs read their key from ("" = os.TempDir()).
+	keyRoot string
+	// callLimit replaces the library's per-call limit, and programLimit
+	// callTimeout, when set (tests).
+	callLimit, programLimit time.Duration
+	// slots holds one token per node program starting a Ceph client
 	// (Config.MaxConcurrentCalls).
 	slots chan struct{}
+	// readKeyFile reads the instance's own key file (os.ReadFile; tests
+	// stand in for a node's file).
+	readKeyFile func(string) ([]byte, error)
 }
 
-// acquireSlot waits, within ctx, until fewer than MaxConcurrentCalls Ceph
-// clients of this instance run, and returns the function that gives the
-// slot back. Each client spends its first seconds starting up (config,
-// monitor session, cephx) on the CPU; on a small node several stages at
-// once made every client slow enough to pass the per-call limit together,
-// and their retries did it again. A call's own limit starts once it has a
-// slot; the time waiting for one counts against the request's deadline
-// only.
+// acquireSlot waits, within ctx, until fewer than MaxConcurrentCalls of
+// the node's Ceph programs of this instance start, and returns the
+// function that gives the slot back. Each spends its first seconds
+// starting up (config, monitor session, cephx) on the CPU; on a small
+// node several stages at once made every one slow enough to pass the
+// per-call limit together, and their retries did it again. A call's own
+// limit starts once it has a slot; the time waiting for one counts
+// against the request's deadline only.
 func (c *cluster) acquireSlot(ctx context.Context) (func(), error) {
 	if c.slots == nil {
 		return func() {}, nil
@@ -118,24 +126,22 @@ func removeStaleKeyDirs(root string, now time.Time) []string {
 	return removed
 }
 
-// credentials is one call's cephx identity: the user and a file holding
-// the key. cleanup removes what was written.
-type credentials struct {
-	user    string
-	keyFile string
-	cleanup func()
+// identity is who a call reaches a cluster as: a cephx user and its key,
+// or (fromConfig) whatever the instance's config file names.
+type identity struct {
+	user       string
+	key        string
+	keyFile    string // the file key came from (the instance's own), "" for a key from secrets
+	fromConfig bool
 }
 
-// credentialsFor picks the request's secrets for a call to cluster id, or
+// identityFor picks the request's secrets for a call to cluster id, or
 // else, for the instance's own cluster only, its own identity: that
 // identity belongs to the own cluster, and a cluster of the map is
 // reached with the request's secrets or not at all (as ceph-csi does). A
 // request marked backend.WithSecretsOnly never gets the own identity.
-// The key from the secrets is written to a 0600 file in a fresh 0700
-// directory, named on the command line with --keyfile and removed when
-// the call ends: a key never appears in argv (readable by anyone in ps)
-// nor in an environment, a log line or an error.
-func (c *cluster) credentialsFor(ctx context.Context, id string) (*credentials, error) {
+// A key never appears in argv, an environment, a log line or an error.
+func (c *cluster) identityFor(ctx context.Context, id string) (identity, error) {
 	s := backend.SecretsFrom(ctx)
 	idKey, keyKey := SecretUserID, SecretUserKey
 	if s[SecretUserID] == "" && s[SecretUserKey] == "" && (s[SecretAdminID] != "" || s[SecretAdminKey] != "") {
@@ -145,31 +151,98 @@ func (c *cluster) credentialsFor(ctx context.Context, id string) (*credentials, 
 	switch {
 	case user != "" && key != "":
 		if !userIDRe.MatchString(user) {
-			return nil, errdefs.InvalidArgument("CSI secret %s is not a cephx user name (without the \"client.\" prefix)", idKey)
+			return identity{}, errdefs.InvalidArgument("CSI secret %s is not a cephx user name (without the \"client.\" prefix)", idKey)
 		}
-		dir, err := os.MkdirTemp(c.keyRoot, keyDirPrefix)
-		if err != nil {
-			return nil, fmt.Errorf("create a private directory for the cephx key: %w", err)
-		}
-		file := filepath.Join(dir, "key")
-		if err := os.WriteFile(file, []byte(key), 0o600); err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("write the cephx key file: %w", err)
-		}
-		return &credentials{user: user, keyFile: file, cleanup: func() { _ = os.RemoveAll(dir) }}, nil
+		return identity{user: user, key: strings.TrimSpace(key)}, nil
 	case user != "" || key != "":
-		return nil, errdefs.InvalidArgument("CSI secrets name %s without %s: both are needed", presentKey(s, idKey, keyKey), missingKey(s, idKey, keyKey))
+		return identity{}, errdefs.InvalidArgument("CSI secrets name %s without %s: both are needed", presentKey(s, idKey, keyKey), missingKey(s, idKey, keyKey))
 	case backend.SecretsOnly(ctx):
-		return nil, errdefs.InvalidArgument("the request's secrets name no cephx identity: %s and %s (or %s and %s) are needed", SecretUserID, SecretUserKey, SecretAdminID, SecretAdminKey)
+		return identity{}, errdefs.InvalidArgument("the request's secrets name no cephx identity: %s and %s (or %s and %s) are needed", SecretUserID, SecretUserKey, SecretAdminID, SecretAdminKey)
 	case id != c.cfg.ClusterID:
-		return nil, errdefs.Precondition("no cephx credentials for cluster %s: the request carries no CSI secrets %s and %s, and this backend's own identity is for its own cluster %s only (name the secrets in the StorageClass, or on the PersistentVolume of a static volume)", id, SecretUserID, SecretUserKey, c.cfg.ClusterID)
+		return identity{}, errdefs.Precondition("no cephx credentials for cluster %s: the request carries no CSI secrets %s and %s, and this backend's own identity is for its own cluster %s only (name the secrets in the StorageClass, or on the PersistentVolume of a static volume)", id, SecretUserID, SecretUserKey, c.cfg.ClusterID)
 	case c.cfg.UserID != "":
-		return &credentials{user: c.cfg.UserID, keyFile: c.cfg.KeyFile, cleanup: func() {}}, nil
+		return identity{user: c.cfg.UserID, keyFile: c.cfg.KeyFile}, nil
 	case c.cfg.ConfigFile != "":
 		// The config file's own keyring, if it names one.
-		return &credentials{cleanup: func() {}}, nil
+		return identity{fromConfig: true}, nil
 	}
-	return nil, errdefs.Precondition("no cephx credentials for %s: the request carries no CSI secrets %s and %s, and the backend config names no userID and keyFile", c.cfg.Pool, SecretUserID, SecretUserKey)
+	return identity{}, errdefs.Precondition("no cephx credentials for %s: the request carries no CSI secrets %s and %s, and the backend config names no userID and keyFile", c.cfg.Pool, SecretUserID, SecretUserKey)
+}
+
+// keyValue is the identity's key: the secret's, or read from the
+// instance's key file now, so that a rotated Secret is used at once.
+func (c *cluster) keyValue(who identity) (string, error) {
+	if who.key != "" || who.keyFile == "" {
+		return who.key, nil
+	}
+	read := c.readKeyFile
+	if read == nil {
+		read = os.ReadFile
+	}
+	b, err := read(who.keyFile)
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.ErrUnavailable, err, "read the key of this backend's own cephx user %s (keyFile)", who.user)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// client is the Ceph client of cluster id as the request's identity.
+func (c *cluster) client(ctx context.Context, id string) (ceph.Client, error) {
+	return c.clientWithin(ctx, id, c.callLimit)
+}
+
+// backgroundClient is the same, for background work (backgroundCallTimeout).
+func (c *cluster) backgroundClient(ctx context.Context, id string) (ceph.Client, error) {
+	return c.clientWithin(ctx, id, backgroundCallTimeout)
+}
+
+func (c *cluster) clientWithin(ctx context.Context, id string, limit time.Duration) (ceph.Client, error) {
+	ep, err := c.endpointOf(id)
+	if err != nil {
+		return nil, err
+	}
+	who, err := c.identityFor(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	key, err := c.keyValue(who)
+	if err != nil {
+		return nil, err
+	}
+	return c.dialer.Dial(ctx, ceph.Target{Monitors: ep.monitors, ConfigFile: c.cfg.ConfigFile, User: who.user, Key: key, CallLimit: limit})
+}
+
+// credentials is one node program's cephx identity: the user and a file
+// holding the key. cleanup removes what was written.
+type credentials struct {
+	user    string
+	keyFile string
+	cleanup func()
+}
+
+// credentialsFor is identityFor for a program the node runs: a key from
+// the secrets is written to a 0600 file in a fresh 0700 directory, named
+// on the command line with --keyfile and removed when the call ends.
+func (c *cluster) credentialsFor(ctx context.Context, id string) (*credentials, error) {
+	who, err := c.identityFor(ctx, id)
+	switch {
+	case err != nil:
+		return nil, err
+	case who.fromConfig:
+		return &credentials{cleanup: func() {}}, nil
+	case who.keyFile != "":
+		return &credentials{user: who.user, keyFile: who.keyFile, cleanup: func() {}}, nil
+	}
+	dir, err := os.MkdirTemp(c.keyRoot, keyDirPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("create a private directory for the cephx key: %w", err)
+	}
+	file := filepath.Join(dir, "key")
+	if err := os.WriteFile(file, []byte(who.key), 0o600); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("write the cephx key file: %w", err)
+	}
+	return &credentials{user: who.user, keyFile: file, cleanup: func() { _ = os.RemoveAll(dir) }}, nil
 }
 
 func presentKey(s backend.Secrets, idKey, keyKey string) string {
@@ -186,18 +259,9 @@ func missingKey(s backend.Secrets, idKey, keyKey string) string {
 	return keyKey
 }
 
-// conn is one cluster of the instance as its calls reach it: the
-// instance's own, or one of its cluster map (clustermap.go).
-type conn struct {
-	*cluster
-	id string // the cluster ID
-}
-
-// on returns the connection to cluster id.
-func (c *cluster) on(id string) conn { return conn{cluster: c, id: id} }
-
-// connArgs are the arguments that point a Ceph CLI at the cluster as cred:
-// its monitors as they are now (endpointOf reads the cluster map again).
+// connArgs are the arguments that point a node program at the cluster
+// as cred: its monitors as they are now (endpointOf reads the cluster map
+// again).
 func (c *cluster) connArgs(cred *credentials, ep endpoint) []string {
 	conf := c.cfg.ConfigFile
 	if conf == "" {
@@ -213,142 +277,56 @@ func (c *cluster) connArgs(cred *credentials, ep endpoint) []string {
 	return args
 }
 
-// rbd runs "rbd <args> <connection args>" and returns its stdout.
-func (k conn) rbd(ctx context.Context, args ...string) ([]byte, error) {
-	return k.cli(ctx, "rbd", args...)
-}
-
-// ceph runs "ceph <args> <connection args>".
-func (k conn) ceph(ctx context.Context, args ...string) ([]byte, error) {
-	return k.cli(ctx, "ceph", args...)
-}
-
-func (k conn) cli(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return k.cliWithin(ctx, k.limit(), name, args...)
-}
-
-// limit is the bound on one call inside an RPC.
-func (k conn) limit() time.Duration {
-	if k.callLimit > 0 {
-		return k.callLimit
-	}
-	return callTimeout
-}
-
-// rbdBackground runs rbd for background work, under backgroundCallTimeout
-// rather than the per-call deadline.
-//
-// It takes no client slot (acquireSlot): background work runs for as long
-// as the image needs, and would keep RPCs waiting behind it.
-func (k conn) rbdBackground(ctx context.Context, args ...string) ([]byte, error) {
-	return k.runUngated(ctx, k.run, backgroundCallTimeout, "rbd", args...)
-}
-
-// cliWithin runs a Ceph CLI for at most limit (runWithin).
-func (k conn) cliWithin(ctx context.Context, limit time.Duration, name string, args ...string) ([]byte, error) {
-	return k.runWithin(ctx, k.run, limit, name, args...)
-}
-
-// daemon runs a program that leaves a daemon serving an attached volume
-// behind (rbd-nbd map), with the connection arguments, under the per-call
-// limit, through the daemons' runner: in the attach daemon when the node
-// plugin has one.
-func (k conn) daemon(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return k.runWithin(ctx, k.run.Daemons(), k.limit(), name, args...)
-}
-
-// runWithin runs a Ceph program through run, with the connection
-// arguments, for at most limit. A call stopped by that limit is reported
-// as the driver's own deadline, and one stopped by the caller's context
-// (the RPC's deadline, a cancel) as the caller's: neither is the cluster
-// refusing anything.
-//
-// The call first takes one of the instance's client slots (acquireSlot).
-func (k conn) runWithin(ctx context.Context, run *command.Runner, limit time.Duration, name string, args ...string) ([]byte, error) {
-	release, err := k.acquireSlot(ctx)
+// program runs a node program of cluster id (rbd device map; rbd-nbd map
+// through the daemons' runner) with the connection arguments, for at most
+// callTimeout, once it has a client slot. A program stopped by that limit
+// is reported as the driver's own deadline, and one stopped by the
+// caller's context (the RPC's deadline, a cancel) as the caller's:
+// neither is the cluster refusing anything.
+func (c *cluster) program(ctx context.Context, run *command.Runner, id, name string, args ...string) ([]byte, error) {
+	release, err := c.acquireSlot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	return k.runUngated(ctx, run, limit, name, args...)
-}
-
-// runUngated is runWithin without a client slot.
-func (k conn) runUngated(ctx context.Context, run *command.Runner, limit time.Duration, name string, args ...string) ([]byte, error) {
-	ep, err := k.endpointOf(k.id)
+	ep, err := c.endpointOf(id)
 	if err != nil {
 		return nil, err
 	}
-	cred, err := k.credentialsFor(ctx, k.id)
+	cred, err := c.credentialsFor(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer cred.cleanup()
+	limit := callTimeout
+	if c.programLimit > 0 {
+		limit = c.programLimit
+	}
 	callCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	out, err := run.Run(callCtx, name, append(args, k.connArgs(cred, ep)...)...)
+	out, err := run.Run(callCtx, name, append(args, c.connArgs(cred, ep)...)...)
 	if err != nil && command.ExitCode(err) == -1 && callCtx.Err() != nil {
 		if ctx.Err() != nil {
 			return out, fmt.Errorf("stopped by the request's own deadline or cancellation: %w", err)
 		}
-		return out, &deadlineError{limit: limit, err: err}
+		return out, &ceph.DeadlineError{Op: name + " " + strings.Join(args, " "), Limit: limit}
 	}
 	return out, classify(err)
 }
 
-// deadlineError is a call the driver stopped at its own per-call limit.
-// It carries no errdefs kind: the driver reports it as DEADLINE_EXCEEDED,
-// and says whose deadline it was.
-type deadlineError struct {
-	limit time.Duration
-	err   error
-}
-
-func (e *deadlineError) Error() string {
-	return fmt.Sprintf("stopped by Spindle's own per-call limit of %s (the rbd backend's bound on one cluster call inside an RPC), not refused by the cluster: %v", e.limit, e.err)
-}
-
-func (e *deadlineError) Unwrap() error { return e.err }
-
-// rbdJSON runs rbd with --format json and decodes its output into v.
-func (k conn) rbdJSON(ctx context.Context, v any, args ...string) error {
-	out, err := k.rbd(ctx, append(args, "--format", "json")...)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(out, v); err != nil {
-		return fmt.Errorf("rbd %s: cannot parse its JSON output %.200q: %w", strings.Join(args, " "), out, err)
-	}
-	return nil
-}
-
-// Exit statuses of the Ceph CLIs: the negated errno of the failure.
-const (
-	exitENOENT     = 2
-	exitEBUSY      = 16
-	exitEEXIST     = 17
-	exitEINVAL     = 22
-	exitENOSPC     = 28
-	exitENOTEMPTY  = 39
-	exitEOPNOTSUPP = 95
-	exitEDQUOT     = 122
-)
-
-// classify gives a CLI failure its errdefs kind. The message keeps the
+// classify gives a node program's failure its errdefs kind from its exit
+// status (the negated errno of the failure). The message keeps the
 // command line (no secret is ever on it) and stderr.
 func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errdefs.KindOf(err) != nil {
+	if err == nil || errdefs.KindOf(err) != nil {
 		return err
 	}
 	switch command.ExitCode(err) {
-	case exitENOENT:
+	case ceph.ENOENT:
 		return errdefs.Wrap(errdefs.ErrNotFound, err, "not found")
-	case exitEEXIST:
+	case ceph.EEXIST:
 		return errdefs.Wrap(errdefs.ErrAlreadyExists, err, "already exists")
-	case exitENOSPC, exitEDQUOT:
+	case ceph.ENOSPC, ceph.EDQUOT:
 		return errdefs.Wrap(errdefs.ErrExhausted, err, "the pool is full or over its quota")
 	}
 	return err

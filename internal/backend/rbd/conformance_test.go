@@ -1,8 +1,9 @@
+//go:build cgo && ceph
+
 package rbd_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,8 +15,6 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend/rbd/rbdtest"
 	"github.com/spindle-csi/spindle/internal/command"
 )
-
-func TestMain(m *testing.M) { os.Exit(rbdtest.Main(m)) }
 
 // newFixture builds an instance on the test cluster's pool, mapping with
 // the run's mounter: rbd-fuse + loop by default (the one mounter that runs
@@ -34,10 +33,11 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 	fuseDir := filepath.Join(t.TempDir(), "fuse")
 	inst, err := rbd.New("test", rbd.Config{
 		ClusterID:           "test",
-		Monitors:            []string{cl.Monitor},
+		Monitors:            []string{"v2:" + cl.Monitor},
 		Pool:                cl.Pool,
 		Mounter:             cl.Mounter,
 		FuseDir:             fuseDir,
+		StateDir:            filepath.Join(t.TempDir(), "state"),
 		MaxProvisionedBytes: opts.CapacityBytes,
 		UserID:              cl.User,
 		KeyFile:             cl.KeyFile,
@@ -57,15 +57,15 @@ func newFixture(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		ExtraParameter: map[string]string{rbd.ParamImageFeatures: "layering"},
 		Secrets:        cl.Secrets(),
 		WriteImage: func(ctx context.Context, id string, off int64, data []byte) error {
-			return cl.WriteImage(ctx, imageOf(t, cl, id), off, data)
+			return cl.WriteImage(ctx, imageIn(t, cl, id), off, data)
 		},
 		ReadImage: func(ctx context.Context, id string, off int64, n int) ([]byte, error) {
-			return cl.ReadImage(ctx, imageOf(t, cl, id), off, n)
+			return cl.ReadImage(ctx, imageIn(t, cl, id), off, n)
 		},
 	}
 }
 
-func imageOf(t testing.TB, cl *rbdtest.Cluster, id string) string {
+func imageIn(t testing.TB, cl *rbdtest.Cluster, id string) string {
 	image, ok := strings.CutPrefix(id, cl.Pool+"/")
 	if !ok {
 		t.Fatalf("image ID %q is not in pool %s", id, cl.Pool)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -35,36 +36,33 @@ import (
 // HardMaxCloneDepth is refused until the flatten that shortens its
 // parent's chain is done.
 
-// cloneFormatArgs make "rbd clone" write clone format 2 whatever the
-// cluster's rbd_default_clone_format says.
-var cloneFormatArgs = []string{"--rbd-default-clone-format", "2"}
-
 // snapshotImageFeatures are the features of a snapshot image: its
 // source's, plus deep-flatten, so that flattening a snapshot image also
 // frees its csi-snap snapshot, which restores hang from, from its parent.
 // Nodes never map a snapshot image, so no kernel client needs to know the
 // feature.
-func snapshotImageFeatures(features []string) string {
+func snapshotImageFeatures(features []string) []string {
 	f := slices.Clone(features)
 	if !slices.Contains(f, "deep-flatten") {
 		f = append(f, "deep-flatten")
 	}
-	return strings.Join(f, ",")
+	return f
 }
 
-// clone makes tmp a copy-on-write clone (format 2) of parent@snap with the
-// given image arguments (features, data pool, striping), grown to size.
-// The parent may be in another pool or namespace of tmp's cluster.
-func (s *Store) clone(ctx context.Context, parent ref, snap string, tmp ref, imageArgs []string, size, srcSize int64) error {
-	args := append([]string{"clone"}, cloneFormatArgs...)
-	args = append(append(args, imageArgs...), parent.at(snap), tmp.spec())
-	if _, err := s.on(tmp.location).rbd(ctx, args...); err != nil {
+// clone makes tmp a copy-on-write clone (format 2, whatever the cluster's
+// rbd_default_clone_format says) of parent@snap with the given image
+// options (features, data pool, striping), grown to size. The parent may
+// be in another pool or namespace of tmp's cluster.
+func (s *Store) clone(ctx context.Context, parent ref, snap string, tmp ref, opts ceph.ImageOptions, size, srcSize int64) error {
+	cl, err := s.client(ctx, tmp.location)
+	if err != nil {
+		return err
+	}
+	if err := cl.CloneImage(ctx, parent.cephImage(), snap, tmp.cephImage(), opts); err != nil {
 		return err
 	}
 	if size > srcSize {
-		if _, err := s.on(tmp.location).rbd(ctx, "resize", "--no-progress", "--size", bytesArg(size), tmp.spec()); err != nil {
-			return err
-		}
+		return cl.ResizeImage(ctx, tmp.cephImage(), uint64(size))
 	}
 	return nil
 }
@@ -73,15 +71,17 @@ func (s *Store) clone(ctx context.Context, parent ref, snap string, tmp ref, ima
 // this instant: an RBD snapshot src@snap, the clone, and the snapshot
 // removed again (with a clone it moves to src's trash namespace). On
 // failure neither the clone nor the snapshot is left.
-func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *rbdImage, snap string, tmp ref, imageArgs []string, size int64) error {
-	at := src.at(snap)
-	k := s.on(src.location)
-	if _, err := k.rbd(ctx, "snap", "create", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *ceph.ImageInfo, snap string, tmp ref, opts ceph.ImageOptions, size int64) error {
+	cl, err := s.client(ctx, src.location)
+	if err != nil {
 		return err
 	}
-	err := s.clone(ctx, src, snap, tmp, imageArgs, size, srcInfo.Size)
+	if err := cl.CreateSnapshot(ctx, src.cephImage(), snap); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+		return err
+	}
+	err = s.clone(ctx, src, snap, tmp, opts, size, int64(srcInfo.Size))
 	if err == nil {
-		if _, err = k.rbd(ctx, "snap", "rm", "--no-progress", at); errdefs.KindOf(err) == errdefs.ErrNotFound {
+		if err = cl.RemoveSnapshot(ctx, src.cephImage(), snap); errdefs.KindOf(err) == errdefs.ErrNotFound {
 			err = nil
 		}
 		if err == nil {
@@ -90,7 +90,7 @@ func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *rbdImage, snap
 	}
 	undo := context.WithoutCancel(ctx)
 	s.removeTemporary(undo, tmp)
-	_, _ = k.rbd(undo, "snap", "rm", "--no-progress", at)
+	_ = cl.RemoveSnapshot(undo, src.cephImage(), snap)
 	return err
 }
 
@@ -100,41 +100,38 @@ func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *rbdImage, snap
 // when it was made. An image made before Spindle recorded it (its parents
 // are all named) is walked.
 func (s *Store) chainAt(ctx context.Context, r ref, snap string) (int, error) {
-	spec := r.spec()
-	if snap != "" {
-		spec = r.at(snap)
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return 0, err
 	}
-	k := s.on(r.location)
-	var info rbdImage
-	if err := k.rbdJSON(ctx, &info, "info", spec); err != nil {
+	info, err := cl.StatImage(ctx, r.cephImage(), snap)
+	if err != nil {
 		return 0, err
 	}
 	if info.Parent == nil {
 		return 0, nil
 	}
-	var v string
-	if out, err := k.rbd(ctx, "image-meta", "get", r.spec(), metaDepth); err == nil {
-		v = strings.TrimSpace(string(out))
-	} else if errdefs.KindOf(err) != errdefs.ErrNotFound {
+	v, err := cl.ImageMetadataValue(ctx, r.cephImage(), metaDepth)
+	if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return 0, err
 	}
-	if n, err := strconv.Atoi(v); err == nil && n > 0 {
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
 		return n, nil
 	}
-	return s.walkDepth(ctx, k, &info)
+	return s.walkDepth(ctx, cl, info)
 }
 
 // walkDepth counts the parents above img by name, for images whose
 // parents are all named (those made before Spindle recorded depths).
-func (s *Store) walkDepth(ctx context.Context, k conn, img *rbdImage) (int, error) {
+func (s *Store) walkDepth(ctx context.Context, cl ceph.Client, img *ceph.ImageInfo) (int, error) {
 	n := 0
 	for p := img.Parent; p != nil && n <= maxParentChain; n++ {
-		var parent rbdImage
-		spec := location{pool: p.Pool, namespace: p.Namespace}.ref(p.Image).spec()
-		if p.Snapshot != "" && !p.Trash {
-			spec += "@" + p.Snapshot
+		snap := p.Snapshot
+		if p.Trash {
+			snap = ""
 		}
-		if err := k.rbdJSON(ctx, &parent, "info", spec); err != nil {
+		parent, err := cl.StatImage(ctx, ceph.PoolSpec{Pool: p.Pool, Namespace: p.Namespace}.Image(p.Image), snap)
+		if err != nil {
 			return 0, err
 		}
 		p = parent.Parent

@@ -3,8 +3,10 @@ package rbd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,117 +48,173 @@ func TestNBDMapRunsInTheAttachDaemon(t *testing.T) {
 		commandtest.Expect("rbd-nbd", with("map", "kube/"+testImage, "--read-only", "--try-netlink", "--timeout=120")...).Prints("/dev/nbd3\n"))
 	run, _ := withAttachDaemon(t, commandtest.New(t), remote)
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: MounterNBD}.withDefaults()
-	m := &kernelMapper{c: newCluster(cfg, run), nbd: true, sysRoot: t.TempDir()}
+	m := &kernelMapper{c: newCluster(cfg, run, nil), nbd: true, sysRoot: t.TempDir()}
 	dev, err := m.Map(context.Background(), location{cluster: "c", pool: "kube"}.ref(testImage), true, "try-netlink,timeout=120")
 	if err != nil || dev != "/dev/nbd3" {
 		t.Fatalf("Map = %q, %v; want /dev/nbd3", dev, err)
 	}
 }
 
-// rbd-fuse runs in the attach daemon. The request's key is in a 0600 file
-// below the directory both see while rbd-fuse starts (it reads it when it
-// connects, after it daemonized) and gone once the map is done; the loop
-// device binds the image's file.
-func TestFuseMountRunsInTheAttachDaemon(t *testing.T) {
+// The rbd-fuse mounter's server, qemu-storage-daemon, runs in the attach
+// daemon: its librbd reads the request's key from a 0600 file below the
+// directory both see, which is gone once the map is done; the monitors
+// come in a config of its own; the loop device binds the image's file.
+// After a node plugin restart the device's file is shown from the gone
+// mount ("/"), and it is still the image's, by device and inode.
+func TestUserspaceMapRunsInTheAttachDaemon(t *testing.T) {
 	const key = "AQBsecretsecretsecretsecretsecretsecret=="
-	fuseDir, proc := t.TempDir(), t.TempDir()
+	fuseDir, state := t.TempDir(), t.TempDir()
+	r := location{cluster: "c", pool: "kube"}.ref(testImage)
+	file := filepath.Join(fuseDir, "kube", testImage, testImage)
+	daemon := &attachDaemon{dir: t.TempDir()}
+	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", Mounter: MounterFuse}.withDefaults()
+	loops := blockdev.NewFakeLoopDevices()
+	var served bool
+	proc := t.TempDir() // no rbd-fuse mount of an earlier version here
 	if err := os.MkdirAll(filepath.Join(proc, "self"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	mountinfo := filepath.Join(proc, "self", "mountinfo")
-	if err := os.WriteFile(mountinfo, nil, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(proc, "self", "mountinfo"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(fuseDir, "kube", testImage)
-	daemon := &attachDaemon{dir: t.TempDir()}
+	f := &fuseMapper{loops: loops, dir: fuseDir, state: state, sysRoot: t.TempDir(), procRoot: proc, retryPause: time.Millisecond,
+		served: func(ref) (int, bool) {
+			if served {
+				return 4242, false
+			}
+			return 0, false
+		}}
+	stateDir := f.stateDir(r)
 	remote := commandtest.New(t,
-		commandtest.Expect("rbd-fuse", "-c", "/dev/null", "-p", "kube", "-r", testImage, dir, "-o", "attr_timeout=0,entry_timeout=0").Does(func() {
-			files, _ := filepath.Glob(filepath.Join(daemon.dir, keyDirPrefix+"*", "key"))
-			if len(files) != 1 {
-				t.Errorf("key files in the attach daemon's directory while rbd-fuse starts: %v, want one", files)
+		commandtest.ExpectMatching("qemu-storage-daemon", func(args []string) error {
+			want := []string{"--object", "secret,id=key,format=base64,file=KEY",
+				"--blockdev", "driver=rbd,node-name=image,pool=kube,image=" + testImage + ",conf=" + stateDir + "/ceph.conf,user=csi,key-secret=key",
+				"--export", "type=fuse,id=image,node-name=image,mountpoint=" + file + ",writable=on",
+				"--chardev", "socket,id=qmp,server=on,wait=off,path=" + stateDir + "/qmp.sock",
+				"--monitor", "chardev=qmp", "--pidfile", stateDir + "/qsd.pid", "--daemonize"}
+			if len(args) != len(want) {
+				return fmt.Errorf("%d arguments, want %d: %q", len(args), len(want), want)
 			}
-			for _, f := range files {
-				st, err := os.Stat(f)
-				got, _ := os.ReadFile(f)
-				if err != nil || st.Mode().Perm() != 0o600 || string(got) != key {
-					t.Errorf("key file %s: %v, %v; want mode 0600 and the request's key", f, st, err)
-				}
+			keyFile, ok := strings.CutPrefix(args[1], "secret,id=key,format=base64,file=")
+			if !ok || !strings.HasPrefix(keyFile, filepath.Join(daemon.dir, keyDirPrefix)) {
+				return fmt.Errorf("the key is not in a file below the attach daemon's directory: %s", args[1])
 			}
-			// What rbd-fuse does: mount, show the image's file.
-			line := "901 29 0:77 / " + dir + " rw,nosuid,nodev,relatime shared:512 - fuse.rbd-fuse rbd-fuse rw,user_id=0,group_id=0\n"
-			if err := os.WriteFile(mountinfo, []byte(line), 0o644); err != nil {
-				t.Error(err)
+			args[1] = want[1]
+			if !slices.Equal(args, want) {
+				return fmt.Errorf("want %q", want)
 			}
-			if err := os.WriteFile(filepath.Join(dir, testImage), make([]byte, 4096), 0o600); err != nil {
-				t.Error(err)
+			st, err := os.Stat(keyFile)
+			got, _ := os.ReadFile(keyFile)
+			if err != nil || st.Mode().Perm() != 0o600 || string(got) != key {
+				return fmt.Errorf("key file %s: %v, %v; want mode 0600 and the request's key", keyFile, st, err)
 			}
+			if conf, err := os.ReadFile(filepath.Join(stateDir, "ceph.conf")); err != nil || !strings.Contains(string(conf), "mon host = 10.0.0.1:3300") {
+				return fmt.Errorf("the daemon's config %q (%v) does not name the monitors", conf, err)
+			}
+			if st, err := os.Stat(file); err != nil || !st.Mode().IsRegular() {
+				return fmt.Errorf("the export's mount point %s is not a file: %v", file, err)
+			}
+			served = true
+			return nil
 		}))
 	run := command.New(commandtest.New(t), nil).WithDaemons(command.New(remote, nil), daemon)
-	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", Mounter: MounterFuse}.withDefaults()
-	loops := blockdev.NewFakeLoopDevices()
-	f := &fuseMapper{c: newCluster(cfg, run), loops: loops, dir: fuseDir, sysRoot: t.TempDir(), procRoot: proc, retryPause: time.Millisecond}
+	f.c = newCluster(cfg, run, nil)
 	ctx := backend.WithSecrets(context.Background(), map[string]string{SecretUserID: "csi", SecretUserKey: key})
 
-	dev, err := f.Map(ctx, location{cluster: "c", pool: "kube"}.ref(testImage), false, "")
+	dev, err := f.Map(ctx, r, false, "")
 	if err != nil {
 		t.Fatalf("Map: %v", err)
 	}
-	if d := loops.Devices[dev]; d == nil || d.BackingFile != filepath.Join(dir, testImage) {
-		t.Fatalf("Map = %s bound to %+v; want the image's rbd-fuse file", dev, d)
+	if d := loops.Devices[dev]; d == nil || d.BackingFile != file || !slices.Contains(loops.Calls, "attach "+file+" ro=false direct-io=off") {
+		t.Fatalf("Map = %s bound to %+v (%q); want the image's file, through the page cache", dev, d, loops.Calls)
 	}
 	if left, _ := filepath.Glob(filepath.Join(daemon.dir, keyDirPrefix+"*")); len(left) != 0 {
 		t.Errorf("key directories left in the attach daemon's directory: %v", left)
 	}
+	// Mapped again (another stage of the same image): the daemon serves
+	// it already; a second device, no second daemon.
+	if _, err := f.Map(ctx, r, true, ""); err != nil {
+		t.Fatalf("Map read-only beside it: %v", err)
+	}
+	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 2 {
+		t.Fatalf("Mapped = %+v, %v; want both devices", got, err)
+	}
 
-	// The node plugin's container restarts (rbd-fuse runs on in the attach
-	// daemon): sysfs now shows the device's file from the root of the
-	// mount the old container saw, "/<image>". It is still the image's.
+	// The node plugin's container restarts (the daemon runs on in the
+	// attach daemon): sysfs shows the device's file from the root of the
+	// gone mount, the FUSE export itself, "/".
 	loops.ShowFromGoneMount(dev)
-	m, err := f.Identify(ctx, dev)
+	loops.Devices[dev].BackingFile = "/"
+	m, err := f.Identify(ctx, r, dev)
 	if err != nil || m.Device != dev || m.Pool != "kube" || m.Image != testImage {
 		t.Fatalf("Identify(%s) after a restart = %+v, %v; want image kube/%s", dev, m, err, testImage)
 	}
-	r := location{cluster: "c", pool: "kube"}.ref(testImage)
-	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
-		t.Fatalf("Mapped after a restart = %+v, %v; want %s", got, err, dev)
-	}
-	// rbd-fuse answers a stat of its file with ENOENT while it cannot
-	// open the image (a loaded cluster): asked again, it answers.
-	loops.Unanswered = map[string]int{dev: 2}
-	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
-		t.Fatalf("Identify(%s) while rbd-fuse answered ENOENT twice = %+v, %v; want image kube/%s", dev, m, err, testImage)
-	}
-	loops.Unanswered = map[string]int{dev: goneMountTries}
-	if m, err := f.Identify(ctx, dev); errdefs.KindOf(err) != errdefs.ErrNotFound {
-		t.Fatalf("Identify(%s) while rbd-fuse never answered = %+v, %v; want NotFound", dev, m, err)
-	}
-	// A lookup rbd-fuse answered with ENOENT (it could not open the image)
-	// makes the kernel show the device's file "(deleted)", from the gone
-	// mount or from its own path: it is still the image's, by device and
-	// inode, and Mapped finds it.
-	loops.ShowDeleted(dev)
-	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
-		t.Fatalf("Identify(%s) shown \"/%s (deleted)\" = %+v, %v; want image kube/%s", dev, testImage, m, err, testImage)
-	}
-	// NodeUnstage finds it so too, though rbd-fuse answers ENOENT twice
-	// more: taken for unmapped, the device and its mount were left behind.
-	loops.Unanswered = map[string]int{dev: 2}
-	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
-		t.Fatalf("Mapped shown \"/%s (deleted)\" while rbd-fuse answered ENOENT twice = %+v, %v; want %s", testImage, got, err, dev)
-	}
-	loops.Devices[dev].BackingFile = filepath.Join(dir, testImage)
-	delete(loops.Shown, dev)
-	loops.ShowDeleted(dev)
-	if m, err := f.Identify(ctx, dev); err != nil || m.Image != testImage {
-		t.Fatalf("Identify(%s) shown \"%s (deleted)\" = %+v, %v; want image kube/%s", dev, filepath.Join(dir, testImage), m, err, testImage)
-	}
-	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
-		t.Fatalf("Mapped with the file shown deleted = %+v, %v; want %s", got, err, dev)
-	}
-	// Another image's name is not enough: the file must be the device's.
+	// Another image is not it.
 	other := location{cluster: "c", pool: "kube"}.ref("csi-vol-ffffffffffffffffffffffffffffffff")
+	if _, err := f.Identify(ctx, other, dev); errdefs.KindOf(err) != errdefs.ErrNotFound {
+		t.Errorf("Identify(%s) as %s = %v; want NotFound", dev, other.image, err)
+	}
 	if got, err := f.Mapped(ctx, other); err != nil || len(got) != 0 {
 		t.Errorf("Mapped(%s) = %+v, %v; want nothing", other.image, got, err)
+	}
+	// Nothing serves the file any more (the daemon died): not a device of
+	// the image.
+	served = false
+	if _, err := f.Identify(ctx, r, dev); errdefs.KindOf(err) != errdefs.ErrNotFound {
+		t.Errorf("Identify(%s) with no daemon = %v; want NotFound", dev, err)
+	}
+}
+
+// A volume mapped by an earlier version, through rbd-fuse's own mount of
+// the image's directory, is still identified (also shown "(deleted)" or
+// from the gone mount while rbd-fuse answered ENOENT, asked again), and
+// Mapped finds it, so that its unstage releases it.
+func TestLegacyRBDFuseMountIsRecognised(t *testing.T) {
+	fuseDir, proc := t.TempDir(), t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "self"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(fuseDir, "kube", testImage)
+	line := "901 29 0:77 / " + dir + " rw,nosuid,nodev,relatime shared:512 - fuse.rbd-fuse rbd-fuse rw,user_id=0,group_id=0\n"
+	if err := os.WriteFile(filepath.Join(proc, "self", "mountinfo"), []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, testImage), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", Mounter: MounterFuse}.withDefaults()
+	loops := blockdev.NewFakeLoopDevices()
+	f := &fuseMapper{c: newCluster(cfg, command.New(commandtest.New(t), nil), nil), loops: loops, dir: fuseDir, state: t.TempDir(),
+		sysRoot: t.TempDir(), procRoot: proc, retryPause: time.Millisecond}
+	ctx := context.Background()
+	r := location{cluster: "c", pool: "kube"}.ref(testImage)
+	// A stage of this version beside it binds the legacy mount's file.
+	dev, err := f.Map(ctx, r, false, "")
+	if err != nil {
+		t.Fatalf("Map beside an rbd-fuse mount: %v", err)
+	}
+	if d := loops.Devices[dev]; d == nil || d.BackingFile != filepath.Join(dir, testImage) || !slices.Contains(loops.Calls, "attach "+filepath.Join(dir, testImage)+" ro=false") {
+		t.Fatalf("Map = %s bound to %+v (%q); want rbd-fuse's file, with direct I/O as before", dev, d, loops.Calls)
+	}
+	loops.ShowFromGoneMount(dev)
+	if m, err := f.Identify(ctx, r, dev); err != nil || m.Image != testImage {
+		t.Fatalf("Identify(%s) after a restart = %+v, %v", dev, m, err)
+	}
+	loops.Unanswered = map[string]int{dev: 2}
+	if m, err := f.Identify(ctx, r, dev); err != nil || m.Image != testImage {
+		t.Fatalf("Identify(%s) while rbd-fuse answered ENOENT twice = %+v, %v", dev, m, err)
+	}
+	loops.Unanswered = map[string]int{dev: goneMountTries}
+	if _, err := f.Identify(ctx, r, dev); errdefs.KindOf(err) != errdefs.ErrNotFound {
+		t.Fatalf("Identify(%s) while rbd-fuse never answered = %v; want NotFound", dev, err)
+	}
+	loops.ShowDeleted(dev)
+	loops.Unanswered = map[string]int{dev: 2}
+	if got, err := f.Mapped(ctx, r); err != nil || len(got) != 1 || got[0].Device != dev {
+		t.Fatalf("Mapped shown deleted while rbd-fuse answered ENOENT twice = %+v, %v; want %s", got, err, dev)
 	}
 }
 
@@ -172,17 +230,19 @@ func TestProbeAsksTheAttachDaemon(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			var m mapper = &kernelMapper{c: newCluster(cfg, run), nbd: true, sysRoot: sys}
+			var m mapper = &kernelMapper{c: newCluster(cfg, run, nil), nbd: true, sysRoot: sys}
+			program := mounter
 			if mounter == MounterFuse {
 				if _, err := os.Stat("/dev/fuse"); err != nil {
 					t.Skip("/dev/fuse is missing here; the probe stops at it")
 				}
-				m = &fuseMapper{c: newCluster(cfg, run), loops: blockdev.NewFakeLoopDevices(), dir: t.TempDir(), sysRoot: sys, procRoot: "/proc"}
+				m = &fuseMapper{c: newCluster(cfg, run, nil), loops: blockdev.NewFakeLoopDevices(), dir: t.TempDir(), state: t.TempDir(), sysRoot: sys, procRoot: "/proc"}
+				program = "qemu-storage-daemon"
 			}
 			err := m.Available(context.Background())
 			testutil.WantKind(t, err, errdefs.ErrPrecondition, mounter, "does not answer")
-			if len(daemon.checked) != 1 || daemon.checked[0] != mounter {
-				t.Errorf("the probe asked the attach daemon about %v, want [%s]", daemon.checked, mounter)
+			if len(daemon.checked) != 1 || daemon.checked[0] != program {
+				t.Errorf("the probe asked the attach daemon about %v, want [%s]", daemon.checked, program)
 			}
 			if !strings.Contains(err.Error(), "/run/spindle/attachd/attachd.sock") {
 				t.Errorf("the probe's error %q does not name the daemon's socket", err)
@@ -191,9 +251,9 @@ func TestProbeAsksTheAttachDaemon(t *testing.T) {
 	}
 }
 
-// NodeUnstage of an rbd-fuse volume whose loop device the device list did
-// not find (bound through a replaced node plugin's mount while rbd-fuse
-// answered ENOENT, run G in docs/testing.md): the detach must not report
+// NodeUnstage of a volume of an earlier version's rbd-fuse mount whose
+// loop device the device list did not find (bound through a replaced node
+// plugin's mount while rbd-fuse answered ENOENT): the detach must not report
 // the volume released while its rbd-fuse mount, and with it the image's
 // watch, stays. A mount something holds is refused; once nothing holds
 // it, the detach unmounts it. A real mount (tmpfs) stands in for
@@ -227,7 +287,7 @@ func TestDetachReleasesALeftoverFuseMount(t *testing.T) {
 	defer holder.Close()
 
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", Mounter: MounterFuse}.withDefaults()
-	f := &fuseMapper{c: newCluster(cfg, command.New(commandtest.New(t), nil)), loops: blockdev.NewFakeLoopDevices(), dir: fuseDir, sysRoot: t.TempDir(), procRoot: proc, retryPause: time.Millisecond}
+	f := &fuseMapper{c: newCluster(cfg, command.New(commandtest.New(t), nil), nil), loops: blockdev.NewFakeLoopDevices(), dir: fuseDir, state: t.TempDir(), sysRoot: t.TempDir(), procRoot: proc, retryPause: time.Millisecond}
 	a := &backend.TransportAttacher{Transport: &transport{s: &Store{cfg: cfg}, mappers: map[string]mapper{MounterFuse: f}}}
 	volumeID := r.idOf(cfg.ClusterID)
 

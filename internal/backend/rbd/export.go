@@ -148,8 +148,12 @@ func (s *Store) fence(ctx context.Context, r ref, newNode string) error {
 	if err != nil || len(addrs) == 0 {
 		return err
 	}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
 	for _, a := range addrs {
-		if _, err := s.on(r.location).ceph(ctx, "osd", "blocklist", "add", a); err != nil {
+		if err := cl.Blocklist(ctx, a); err != nil {
 			return errdefs.Wrap(errdefs.ErrPrecondition, err, "fencing: cannot blocklist client %s that still has image %s open before publishing it to node %q", a, r.spec(), newNode)
 		}
 	}

@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 package rbd_test
 
 import (
@@ -24,15 +26,17 @@ import (
 )
 
 // newNode builds an instance "test" on the cluster as one node sees it:
-// rbd-fuse + loop under a fuse directory of its own.
+// the rbd-fuse mounter (qemu-storage-daemon's FUSE export + loop) under a
+// directory of its own.
 func newNode(t *testing.T, cl *rbdtest.Cluster, fencing bool) *backend.Instance {
 	t.Helper()
 	inst, err := rbd.New("test", rbd.Config{
 		ClusterID: "test",
-		Monitors:  []string{cl.Monitor},
+		Monitors:  []string{"v2:" + cl.Monitor},
 		Pool:      cl.Pool,
 		Mounter:   rbd.MounterFuse,
 		FuseDir:   filepath.Join(t.TempDir(), "fuse"),
+		StateDir:  filepath.Join(t.TempDir(), "state"),
 		UserID:    cl.User,
 		KeyFile:   cl.KeyFile,
 		Fencing:   fencing,
@@ -101,9 +105,9 @@ func run(timeout time.Duration, name string, args ...string) error {
 	return nil
 }
 
-// rbdFusePIDs lists the rbd-fuse processes serving a mount under dir:
-// the ones this test's attacher started.
-func rbdFusePIDs(dir string) []int {
+// serverPIDs lists the qemu-storage-daemon processes serving a file under
+// dir: the ones this test's attacher started.
+func serverPIDs(dir string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -112,11 +116,11 @@ func rbdFusePIDs(dir string) []int {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		if len(args) == 0 || filepath.Base(args[0]) != "rbd-fuse" {
+		if len(args) == 0 || filepath.Base(args[0]) != "qemu-storage-daemon" {
 			continue
 		}
 		for _, a := range args {
-			if strings.HasPrefix(a, dir+"/") {
+			if strings.Contains(a, "mountpoint="+dir+"/") {
 				var pid int
 				if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
 					pids = append(pids, pid)
@@ -127,12 +131,12 @@ func rbdFusePIDs(dir string) []int {
 	return pids
 }
 
-// lostNode is node A: it maps the volume with rbd-fuse + loop, writes data
-// to it and is then "lost": its attachment is revoked as a force-detach
-// does (ControllerUnpublish while its rbd-fuse client still watches the
-// image). Its cleanup tears the mapping down by hand, since a fenced
-// rbd-fuse may no longer answer: loop device detached, rbd-fuse unmounted
-// with a deadline and lazily as the fallback, its process killed.
+// lostNode is node A: it maps the volume with the rbd-fuse mounter, writes
+// data to it and is then "lost": its attachment is revoked as a
+// force-detach does (ControllerUnpublish while its client still watches
+// the image). Its cleanup tears the mapping down by hand, since a fenced
+// server may no longer answer: loop device detached, the FUSE export
+// unmounted lazily as the fallback, its process killed.
 func lostNode(t *testing.T, cl *rbdtest.Cluster, a *backend.Instance, id string, data []byte) (device, watcher string) {
 	t.Helper()
 	ctx := context.Background()
@@ -148,7 +152,7 @@ func lostNode(t *testing.T, cl *rbdtest.Cluster, a *backend.Instance, id string,
 	poolDir := filepath.Dir(filepath.Dir(mountOfLoop(t, dev.Path)))
 	t.Cleanup(func() {
 		// The node comes back and unstages: the attacher's own detach,
-		// with a deadline, since a fenced rbd-fuse answers nothing.
+		// with a deadline, since a fenced server answers nothing.
 		done := make(chan error, 1)
 		go func() { done <- a.Attacher.Detach(context.Background(), id, dev.Path) }()
 		select {
@@ -161,23 +165,23 @@ func lostNode(t *testing.T, cl *rbdtest.Cluster, a *backend.Instance, id string,
 			_ = run(10*time.Second, "losetup", "-d", dev.Path)
 		}
 		// The fallback for what the detach left: lazy unmounts (which,
-		// unlike umount(8), never ask rbd-fuse), and the test's own
-		// rbd-fuse processes, blocklisted, killed.
-		mounts, _ := filepath.Glob(filepath.Join(poolDir, "*"))
-		for _, m := range mounts {
+		// unlike umount(8), never ask the server), and the test's own
+		// servers, blocklisted, killed.
+		files, _ := filepath.Glob(filepath.Join(poolDir, "*", "*"))
+		for _, m := range files {
 			if err := run(5*time.Second, "fusermount3", "-u", "-z", m); err != nil && !strings.Contains(err.Error(), "not found in") {
 				t.Logf("node A: %v", err)
 			}
 		}
-		for _, pid := range rbdFusePIDs(poolDir) {
-			t.Logf("node A: rbd-fuse %d still runs after the detach; killing it", pid)
+		for _, pid := range serverPIDs(poolDir) {
+			t.Logf("node A: qemu-storage-daemon %d still runs after the detach; killing it", pid)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
 	writeDevice(t, dev.Path, data)
-	w := watcherAddrs(t, cl, imageOf(t, cl, id))
+	w := watcherAddrs(t, cl, imageIn(t, cl, id))
 	if len(w) != 1 {
-		t.Fatalf("node A mapped the image; watchers %v, want node A's rbd-fuse client alone", w)
+		t.Fatalf("node A mapped the image; watchers %v, want node A's client alone", w)
 	}
 	if err := a.Exporter.Unpublish(ctx, id, "node-a"); err != nil {
 		t.Fatal(err)
@@ -185,7 +189,7 @@ func lostNode(t *testing.T, cl *rbdtest.Cluster, a *backend.Instance, id string,
 	return dev.Path, w[0]
 }
 
-// mountOfLoop is the rbd-fuse file a loop device is bound to.
+// mountOfLoop is the FUSE file a loop device is bound to.
 func mountOfLoop(t *testing.T, dev string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
@@ -279,7 +283,7 @@ func TestFencingHandsALostNodesVolumeOver(t *testing.T) {
 	if got := blocklist(t, cl); len(got) != 1 || got[0] != watcher {
 		t.Fatalf("blocklist after publishing to node B = %v; want node A's client %s alone", got, watcher)
 	}
-	if w := watcherAddrs(t, cl, imageOf(t, cl, id)); len(w) != 0 {
+	if w := watcherAddrs(t, cl, imageIn(t, cl, id)); len(w) != 0 {
 		t.Fatalf("the publish returned while the image still has watchers %v", w)
 	}
 	t2 := time.Now()

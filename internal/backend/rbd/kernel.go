@@ -58,7 +58,7 @@ func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options st
 		if options != "" {
 			args = append(args, "-o", options)
 		}
-		out, err = k.c.on(r.cluster).rbd(ctx, append(args, r.spec())...)
+		out, err = k.c.program(ctx, k.c.run, r.cluster, "rbd", append(args, r.spec())...)
 	}
 	if err != nil {
 		stderr := command.Stderr(err)
@@ -89,7 +89,7 @@ func (k *kernelMapper) nbdMap(ctx context.Context, r ref, readOnly bool, options
 			args = append(args, "--"+o)
 		}
 	}
-	return k.c.on(r.cluster).daemon(ctx, "rbd-nbd", args...)
+	return k.c.program(ctx, k.c.run.Daemons(), r.cluster, "rbd-nbd", args...)
 }
 
 func (k *kernelMapper) name() string {
@@ -151,7 +151,7 @@ func (k *kernelMapper) Makes(dev string) bool {
 }
 
 // Identify finds dev among the mapped devices.
-func (k *kernelMapper) Identify(ctx context.Context, dev string) (*mapped, error) {
+func (k *kernelMapper) Identify(ctx context.Context, _ ref, dev string) (*mapped, error) {
 	all, err := k.all(ctx)
 	if err != nil {
 		return nil, err
@@ -339,7 +339,7 @@ func (k *kernelMapper) ownNBD() (list []mapped, ok bool) {
 
 // Refresh: krbd and rbd-nbd watch the image header and resize the device
 // themselves when the image grows; Refresh reads the size the kernel has.
-func (k *kernelMapper) Refresh(_ context.Context, dev string) (int64, error) {
+func (k *kernelMapper) Refresh(_ context.Context, _ ref, dev string) (int64, error) {
 	return blockdev.Size(k.sysRoot, dev)
 }
 

@@ -13,6 +13,8 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/ceph"
+	"github.com/spindle-csi/spindle/internal/ceph/cephfake"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/errdefs"
@@ -43,20 +45,48 @@ func noModule(module string) string {
 	return "modprobe: FATAL: Module " + module + " not found in directory /lib/modules/6.18.44-fc-v782"
 }
 
-// callArgs is what every cluster call of the test config ends with: the
-// controller's own identity (userID + keyFile), no secrets in argv.
+// callArgs is what every node program of the test config ends with: the
+// node's own identity (userID + keyFile), no secrets in argv.
 var callArgs = []string{"-c", "/dev/null", "-m", "10.0.0.1:3300", "--id", "csi", "--keyfile", "/etc/spindle/ceph.key"}
 
 func with(args ...string) []string { return append(args, callArgs...) }
 
-// kernelInstance builds an instance on a scripted runner and a fake sysfs.
-func kernelInstance(t *testing.T, mounter string, script *commandtest.Script) (*backend.Instance, string) {
+// kernelInstance builds an instance on a fake cluster (with user csi,
+// whose key is what /etc/spindle/ceph.key would hold), a scripted runner
+// for the node's programs and a fake sysfs. The cluster has testImage,
+// published to node-a.
+func kernelInstance(t *testing.T, mounter string, script *commandtest.Script) (*backend.Instance, string, *cephfake.Cluster) {
 	t.Helper()
 	sys := t.TempDir()
+	f := fakeWithPublishedImage(t)
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: mounter, StateDir: t.TempDir()}.withDefaults()
-	c := &cluster{cfg: cfg, run: command.New(script, nil)}
+	c := newCluster(cfg, command.New(script, nil), f.Dialer())
+	c.readKeyFile = func(string) ([]byte, error) { return []byte(testKey + "\n"), nil }
 	m := &kernelMapper{c: c, nbd: mounter == MounterNBD, sysRoot: sys, procRoot: filepath.Join(sys, "proc")}
-	return newInstance("a", c, map[string]mapper{cfg.Mounter: m}), sys
+	return newInstance("a", c, map[string]mapper{cfg.Mounter: m}), sys, f
+}
+
+// testKey is user csi's key on the fake clusters.
+const testKey = "AQBcsicsicsicsicsicsicsicsicsicsicsi0=="
+
+// fakeWithPublishedImage is a fake cluster with pool kube, user csi and
+// volume testImage, published to node-a.
+func fakeWithPublishedImage(t *testing.T) *cephfake.Cluster {
+	t.Helper()
+	f := cephfake.New("kube")
+	f.AddUser("csi", testKey)
+	ctx := context.Background()
+	img := ceph.PoolSpec{Pool: "kube"}.Image(testImage)
+	if err := f.Client().CreateImage(ctx, img, 4<<20, ceph.ImageOptions{Features: []string{"layering"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Client().SetImageMetadata(ctx, img, map[string]string{
+		metaName: "pvc-1", metaVolume: `{"accessType":"mount","fsType":"ext4"}`,
+		metaAttachments: `[{"nodeID":"node-a","accessMode":"SINGLE_NODE_WRITER","readOnly":false}]`,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // connectNBD makes the fake sysfs of kernelInstance show dev connected and
@@ -111,7 +141,7 @@ func TestNBDListFromProc(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: MounterNBD}.withDefaults()
-			k := &kernelMapper{c: &cluster{cfg: cfg, run: command.New(commandtest.New(t, tc.script...), nil)}, nbd: true, sysRoot: sys, procRoot: filepath.Join(sys, "proc")}
+			k := &kernelMapper{c: newCluster(cfg, command.New(commandtest.New(t, tc.script...), nil), nil), nbd: true, sysRoot: sys, procRoot: filepath.Join(sys, "proc")}
 			pid := 100
 			for dev, argv := range tc.connect {
 				pid++
@@ -135,16 +165,6 @@ func TestNBDListFromProc(t *testing.T) {
 
 const testImage = "csi-vol-0123456789abcdef0123456789abcdef"
 
-// published is "rbd info" + "rbd image-meta list" of a volume published to node-a.
-func published() []*commandtest.Step {
-	return []*commandtest.Step{
-		commandtest.Expect("rbd", with("info", "kube/"+testImage, "--format", "json")...).
-			Prints(`{"name":"` + testImage + `","size":4194304,"features":["layering"]}`),
-		commandtest.Expect("rbd", with("image-meta", "list", "kube/"+testImage, "--format", "json")...).
-			Prints(`{"spindle.name":"pvc-1","spindle.volume":"{\"accessType\":\"mount\",\"fsType\":\"ext4\"}","spindle.attachments":"[{\"nodeID\":\"node-a\",\"accessMode\":\"SINGLE_NODE_WRITER\",\"readOnly\":false}]"}`),
-	}
-}
-
 func attachReq() backend.AttachRequest {
 	return backend.AttachRequest{ImageID: "kube/" + testImage, NodeID: "node-a", PublishContext: map[string]string{ContextPool: "kube", ContextImage: testImage}}
 }
@@ -167,15 +187,13 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.mounter, func(t *testing.T) {
-			steps := published()
-			steps = append(steps, tt.list...)
+			steps := append([]*commandtest.Step{}, tt.list...)
 			steps = append(steps,
-				commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).Prints(`{"watchers":[]}`),
 				commandtest.Expect(tt.program, with(tt.mapCmd...)...).Exits(tt.exit, tt.stderr),
 				// The probe tries to load the module before it gives up.
 				commandtest.Expect("modprobe", tt.module).Exits(1, noModule(tt.module)),
 			)
-			inst, _ := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
+			inst, _, _ := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
 			_, err := inst.Attacher.Attach(context.Background(), attachReq())
 			named := `"` + tt.module + `" kernel module`
 			testutil.WantKind(t, err, errdefs.ErrPrecondition, named, tt.mounter)
@@ -184,23 +202,21 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 	}
 }
 
-// mgrDumpOutput is "ceph mgr dump --format json" of a cluster whose
-// manager's rbd_support module has client 10.0.0.1:0/2511446081 (its
-// active_clients as Ceph 16.2.15 prints them; the rest shortened).
-const mgrDumpOutput = `{"epoch":9,"active_gid":4113,"active_name":"x","active_addrs":{"addrvec":[{"type":"v2","addr":"10.0.0.1:6800","nonce":1873}]},"active_addr":"10.0.0.1:6800/1873","active_change":"2026-11-26T10:16:01.211470+0000","active_mgr_features":4540138303579357183,"available":true,"standbys":[],"modules":["iostat","restful"],"active_clients":[{"name":"rbd_support","addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":2511446081}]},{"name":"volumes","addrvec":[{"type":"v2","addr":"10.0.0.1:0","nonce":3149388016}]}]}`
-
 // Another node's client has the image open: no map is attempted, and the
 // error names that client, not the manager's, which has it open too.
 func TestAttachRefusesWatchedImage(t *testing.T) {
-	steps := append(published(),
-		commandtest.Expect("rbd", with("status", "kube/"+testImage, "--format", "json")...).
-			Prints(`{"watchers":[{"address":"10.0.0.7:0/3411306950","client":4152,"cookie":1},{"address":"10.0.0.1:0/2511446081","client":4120,"cookie":2}]}`),
-		commandtest.Expect("ceph", with("mgr", "dump", "--format", "json")...).Prints(mgrDumpOutput),
-	)
-	inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, steps...))
+	inst, _, f := kernelInstance(t, MounterKRBD, commandtest.New(t))
+	img := ceph.PoolSpec{Pool: "kube"}.Image(testImage)
+	for _, addr := range []string{"10.0.0.7:0/3411306950", cephfake.ManagerAddr} {
+		stop, err := f.Watch(img, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
+	}
 	_, err := inst.Attacher.Attach(context.Background(), attachReq())
 	testutil.WantKind(t, err, errdefs.ErrPrecondition, "10.0.0.7:0/3411306950", "watchers")
-	if strings.Contains(err.Error(), "2511446081") {
+	if strings.Contains(err.Error(), cephfake.ManagerAddr) {
 		t.Fatalf("the refusal names the manager's own client: %v", err)
 	}
 }
@@ -232,11 +248,11 @@ func writeKRBD(t *testing.T, sys, id, pool, name string, ro bool) {
 // krbd: a mapped device is identified through sysfs, reused by Attach
 // without any map, refreshed from sysfs, and unmapped; "not mapped" is done.
 func TestKRBDSysfsIdentityAndUnmap(t *testing.T) {
-	script := commandtest.New(t, append(published(),
+	script := commandtest.New(t,
 		commandtest.Expect("rbd", "device", "unmap", "/dev/rbd0"),
 		commandtest.Expect("rbd", "device", "unmap", "/dev/rbd0").Exits(22, krbdNotMapped),
-	)...)
-	inst, sys := kernelInstance(t, MounterKRBD, script)
+	)
+	inst, sys, _ := kernelInstance(t, MounterKRBD, script)
 	writeKRBD(t, sys, "0", "kube", testImage, false)
 	writeKRBD(t, sys, "1", "other-pool", testImage, false)
 	writeKRBD(t, sys, "2", "kube", "csi-vol-ffffffffffffffffffffffffffffffff", false)
@@ -279,7 +295,7 @@ func TestNBDListAndUnmap(t *testing.T) {
 		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
 		commandtest.Expect("rbd", "device", "unmap", "-t", "nbd", "/dev/nbd7"),
 	)
-	inst, sys := kernelInstance(t, MounterNBD, script)
+	inst, sys, _ := kernelInstance(t, MounterNBD, script)
 	if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +324,7 @@ func TestNBDListedOncePerInventory(t *testing.T) {
 	script := commandtest.New(t,
 		commandtest.Expect("rbd", "device", "list", "-t", "nbd", "--format", "json").Prints(list),
 	)
-	inst, sys := kernelInstance(t, MounterNBD, script)
+	inst, sys, _ := kernelInstance(t, MounterNBD, script)
 	if err := os.MkdirAll(filepath.Join(sys, "module", "nbd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -325,14 +341,15 @@ func TestNBDListedOncePerInventory(t *testing.T) {
 	}
 }
 
-// The cephx key of the request reaches the CLI only through --keyfile: a
-// 0600 file in a 0700 directory that is gone after the call, never argv.
+// The cephx key of the request reaches a node program only through
+// --keyfile: a 0600 file in a 0700 directory that is gone after the call,
+// never argv.
 func TestKeyFileNeverOnCommandLine(t *testing.T) {
 	const key = "AQBsecretsecretsecretsecretsecretsecret=="
-	c := &cluster{cfg: Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube"}.withDefaults(), run: command.New(utilexec.New(), nil)}
+	c := newCluster(Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube"}.withDefaults(), command.New(utilexec.New(), nil), nil)
 	ctx := backend.WithSecrets(context.Background(), map[string]string{SecretUserID: "csi", SecretUserKey: key})
 	// sh -c SCRIPT then the connection args as $0 $1 ...: $7 is the key file.
-	out, err := c.on("c").cli(ctx, "sh", "-c", `set -e
+	out, err := c.program(ctx, c.run, "c", "sh", "-c", `set -e
 [ "$4" = --id ] && [ "$5" = csi ] && [ "$6" = --keyfile ]
 echo "$7"
 stat -c %a "$7" "$(dirname "$7")"
@@ -356,7 +373,7 @@ tr '\0' ' ' < /proc/$$/cmdline`)
 		t.Fatalf("the key directory %s outlived the call (stat: %v)", filepath.Dir(file), err)
 	}
 	// Half of a credential is an error naming the missing key, not the value.
-	_, err = c.on("c").cli(backend.WithSecrets(context.Background(), map[string]string{SecretUserKey: key}), "true")
+	_, err = c.program(backend.WithSecrets(context.Background(), map[string]string{SecretUserKey: key}), c.run, "c", "true")
 	testutil.WantKind(t, err, errdefs.ErrInvalidArgument, SecretUserID)
 	if strings.Contains(err.Error(), key) {
 		t.Fatal("the error shows the key")
@@ -398,7 +415,7 @@ func TestProbeLoadsTheKernelModule(t *testing.T) {
 					}
 				}))
 			}
-			inst, dir := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
+			inst, dir, _ := kernelInstance(t, tt.mounter, commandtest.New(t, steps...))
 			sys = dir
 			if tt.loaded != "" {
 				if err := os.MkdirAll(filepath.Join(sys, tt.loaded), 0o755); err != nil {
@@ -413,35 +430,6 @@ func TestProbeLoadsTheKernelModule(t *testing.T) {
 				return
 			}
 			testutil.WantKind(t, err, errdefs.ErrPrecondition, tt.wantErr...)
-		})
-	}
-}
-
-// The node records a filesystem it made with one Ceph client call, no
-// read of the image first: on a loaded node every call takes seconds, and
-// two more per first stage took stages past kubelet's 2 minutes. A volume
-// deleted meanwhile is NOT_FOUND.
-func TestRecordFormattedIsOneCall(t *testing.T) {
-	set := with("image-meta", "set", "kube/"+testImage, metaFormatted, "ext4")
-	tests := []struct {
-		name     string
-		step     *commandtest.Step
-		wantKind error // nil: recorded
-	}{
-		{"recorded", commandtest.Expect("rbd", set...), nil},
-		{"image gone", commandtest.Expect("rbd", set...).Exits(2, "rbd: error opening image "+testImage+": (2) No such file or directory"), errdefs.ErrNotFound},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			inst, _ := kernelInstance(t, MounterKRBD, commandtest.New(t, tc.step))
-			err := inst.Attacher.RecordFormatted(context.Background(), "kube/"+testImage, "ext4")
-			if tc.wantKind == nil {
-				if err != nil {
-					t.Fatalf("RecordFormatted: %v", err)
-				}
-				return
-			}
-			testutil.WantKind(t, err, tc.wantKind, testImage)
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -38,6 +39,11 @@ func (l location) poolSpec() string {
 	return l.pool + "/" + l.namespace
 }
 
+// cephPool is the location's pool (namespace) as the Ceph client names it.
+func (l location) cephPool() ceph.PoolSpec {
+	return ceph.PoolSpec{Pool: l.pool, Namespace: l.namespace}
+}
+
 // String names the location for messages: "cluster/pool[/namespace]".
 func (l location) String() string { return l.cluster + "/" + l.poolSpec() }
 
@@ -49,6 +55,9 @@ type ref struct {
 
 // spec is the rbd CLI's image spec: "pool[/namespace]/image".
 func (r ref) spec() string { return r.poolSpec() + "/" + r.image }
+
+// cephImage is the image as the Ceph client names it.
+func (r ref) cephImage() ceph.ImageSpec { return r.location.cephPool().Image(r.image) }
 
 // at is the spec of one of the image's snapshots.
 func (r ref) at(snap string) string { return r.spec() + "@" + snap }

@@ -6,9 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-
-	"github.com/spindle-csi/spindle/internal/command"
-	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
 // The locations an instance has images in. StorageClasses put volumes in
@@ -53,7 +50,11 @@ func (s *Store) rememberLocation(ctx context.Context, l location) error {
 	}
 	if l.cluster == s.cfg.ClusterID {
 		own := s.ownLocation()
-		if _, err := s.on(own).cli(ctx, "rados", "-p", own.pool, "setomapval", locationsObject, locationKey(l), ""); err != nil {
+		cl, err := s.client(ctx, own)
+		if err == nil {
+			err = cl.SetOmap(ctx, own.cephPool(), locationsObject, map[string][]byte{locationKey(l): nil})
+		}
+		if err != nil {
 			return fmt.Errorf("record location %s in %s/%s: %w", l, own.pool, locationsObject, err)
 		}
 	}
@@ -89,14 +90,16 @@ func (s *Store) locations(ctx context.Context) ([]location, error) {
 // which its own identity maintains: its own pool and those recorded.
 func (s *Store) maintainedLocations(ctx context.Context) ([]location, error) {
 	own := s.ownLocation()
-	out, err := s.on(own).cli(ctx, "rados", "-p", own.pool, "listomapkeys", locationsObject)
-	// A missing object: exit 1, "(2) No such file or directory" (rados
-	// exits 1 whatever failed).
-	if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound && !strings.Contains(command.Stderr(err), "No such file or directory") {
+	cl, err := s.client(ctx, own)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := cl.OmapKeys(ctx, own.cephPool(), locationsObject)
+	if err != nil {
 		return nil, err
 	}
 	locs := []location{own}
-	for _, key := range strings.Fields(string(out)) {
+	for _, key := range keys {
 		pool, ns, _ := strings.Cut(key, "/")
 		l := location{cluster: own.cluster, pool: pool, namespace: ns}
 		if poolRe.MatchString(pool) && (ns == "" || namespaceRe.MatchString(ns)) && !slices.Contains(locs, l) {

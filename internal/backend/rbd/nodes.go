@@ -4,12 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -32,8 +28,11 @@ func (s *Store) RegisterNode(ctx context.Context, info backend.NodeInfo) error {
 	if !s.cfg.NodeRegistry {
 		return nil
 	}
-	_, err := s.on(s.ownLocation()).cli(ctx, "rados", "-p", s.cfg.Pool, "setomapval", nodeRegistryObject, info.NodeID, mustJSON(info))
-	return err
+	cl, err := s.client(ctx, s.ownLocation())
+	if err != nil {
+		return err
+	}
+	return cl.SetOmap(ctx, s.ownLocation().cephPool(), nodeRegistryObject, map[string][]byte{info.NodeID: []byte(mustJSON(info))})
 }
 
 // lookupNode returns what is known of a node: from the pool's registry
@@ -45,26 +44,19 @@ func (s *Store) lookupNode(ctx context.Context, nodeID string) (backend.NodeInfo
 		defer s.nodesMu.Unlock()
 		return s.nodes[nodeID], nil
 	}
-	dir, err := os.MkdirTemp(s.c.keyRoot, nodeDirPrefix)
+	cl, err := s.client(ctx, s.ownLocation())
 	if err != nil {
 		return backend.NodeInfo{}, err
 	}
-	defer os.RemoveAll(dir)
-	out := filepath.Join(dir, "value")
-	if _, err := s.on(s.ownLocation()).cli(ctx, "rados", "-p", s.cfg.Pool, "getomapval", nodeRegistryObject, nodeID, out); err != nil {
-		// A missing key: exit 1, "No such key: ..." on stdout and nothing
-		// on stderr; a missing object: "(2) No such file or directory".
-		if stderr := command.Stderr(err); command.ExitCode(err) == 1 && (stderr == "" || strings.Contains(stderr, "No such key") || strings.Contains(stderr, "No such file or directory")) {
-			return backend.NodeInfo{}, errdefs.NotFound("node %q is not registered with %s (its node plugin has not started, or cannot reach pool %s)", nodeID, s.key, s.cfg.Pool)
-		}
+	b, err := cl.OmapValue(ctx, s.ownLocation().cephPool(), nodeRegistryObject, nodeID)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return backend.NodeInfo{}, errdefs.NotFound("node %q is not registered with %s (its node plugin has not started, or cannot reach pool %s)", nodeID, s.key, s.cfg.Pool)
+	}
+	if err != nil {
 		return backend.NodeInfo{}, err
 	}
 	var info backend.NodeInfo
-	b, err := os.ReadFile(out)
-	if err == nil {
-		err = json.Unmarshal(b, &info)
-	}
-	if err != nil {
+	if err := json.Unmarshal(b, &info); err != nil {
 		return backend.NodeInfo{}, fmt.Errorf("node %q in the registry of %s: %w", nodeID, s.key, err)
 	}
 	return info, nil

@@ -5,9 +5,11 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -90,7 +92,7 @@ type volumeOptions struct {
 	mounter      string // krbd, rbd-nbd or rbd-fuse
 	mapOptions   string // ceph-csi's form: "krbd:a,b;nbd:c" or "a,b"
 	unmapOptions string
-	striping     []string // rbd create's --stripe-unit/--stripe-count/--object-size arguments
+	striping     ceph.ImageOptions // the stripe unit, stripe count and object size asked for
 }
 
 // volumeOptionsOf reads the parameters of a CreateVolume (those the driver
@@ -173,7 +175,19 @@ func (s *Store) volumeOptionsOf(params map[string]string) (volumeOptions, error)
 			if !numericRe.MatchString(v) {
 				return o, bad("must be a positive whole number")
 			}
-			o.striping = append(o.striping, "--"+map[string]string{ParamStripeUnit: "stripe-unit", ParamStripeCount: "stripe-count", ParamObjectSize: "object-size"}[k], v)
+			n, _ := strconv.ParseUint(v, 10, 64)
+			switch k {
+			case ParamStripeUnit:
+				o.striping.StripeUnit = n
+			case ParamStripeCount:
+				o.striping.StripeCount = n
+			default:
+				// Ceph's own bounds of an object (orders 12 to 25).
+				if n&(n-1) != 0 || n < 4<<10 || n > 32<<20 {
+					return o, bad("must be a power of two from 4096 to 33554432 (bytes)")
+				}
+				o.striping.ObjectSize = n
+			}
 		case ParamTryOtherMounters:
 			switch v {
 			case "false":

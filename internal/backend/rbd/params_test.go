@@ -5,7 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/testutil"
@@ -33,7 +34,7 @@ func paramStore(t *testing.T, clusterMap string) *Store {
 		t.Fatal(err)
 	}
 	cfg := Config{ClusterID: "rook-ceph", ClusterMap: path, Pool: "replicapool", UserID: "csi", KeyFile: "/k"}.withDefaults()
-	c := &cluster{cfg: cfg, run: command.New(utilexec.New(), nil)}
+	c := newCluster(cfg, command.New(utilexec.New(), nil), nil)
 	return &Store{c: c, cfg: cfg, key: "rbd/ceph"}
 }
 
@@ -75,8 +76,8 @@ func TestVolumeParameters(t *testing.T) {
 		}},
 		{name: "pool not a name", params: map[string]string{"pool": "a/b"}, refuse: []string{"parameters.pool", "not a pool name"}},
 		{name: "dataPool", params: map[string]string{"dataPool": "ec-data"}, check: func(t *testing.T, o volumeOptions) {
-			if args := o.imageArgs(o.features); !slices.Equal(args, []string{"--image-feature", "layering", "--data-pool", "ec-data"}) {
-				t.Fatalf("image args %q", args)
+			if opts := o.imageOptions(o.features); !reflect.DeepEqual(opts, ceph.ImageOptions{Features: []string{"layering"}, DataPool: "ec-data"}) {
+				t.Fatalf("image options %+v", opts)
 			}
 		}},
 		{name: "dataPool not a name", params: map[string]string{"dataPool": "x y"}, refuse: []string{"parameters.dataPool"}},
@@ -149,20 +150,22 @@ func TestVolumeParameters(t *testing.T) {
 		{name: "volumeNamePrefix of temporaries", params: map[string]string{"volumeNamePrefix": "csi-tmp-"}, refuse: []string{"parameters.volumeNamePrefix", "images being built"}},
 		{name: "volumeNamePrefix bad", params: map[string]string{"volumeNamePrefix": "a/b"}, refuse: []string{"parameters.volumeNamePrefix"}},
 		{name: "striping", params: map[string]string{"stripeUnit": "65536", "stripeCount": "16", "objectSize": "4194304"}, check: func(t *testing.T, o volumeOptions) {
-			want := []string{"--image-feature", "layering", "--object-size", "4194304", "--stripe-count", "16", "--stripe-unit", "65536"}
-			if args := o.imageArgs(o.features); !slices.Equal(args, want) {
-				t.Fatalf("image args %q, want %q", args, want)
+			want := ceph.ImageOptions{Features: []string{"layering"}, ObjectSize: 4194304, StripeCount: 16, StripeUnit: 65536}
+			if opts := o.imageOptions(o.features); !reflect.DeepEqual(opts, want) {
+				t.Fatalf("image options %+v, want %+v", opts, want)
 			}
 		}},
 		{name: "stripeUnit not a number", params: map[string]string{"stripeUnit": "64k"}, refuse: []string{"parameters.stripeUnit", "positive whole number"}},
+		{name: "objectSize not a power of two", params: map[string]string{"objectSize": "3000000"}, refuse: []string{"parameters.objectSize", "power of two"}},
+		{name: "objectSize beyond Ceph's", params: map[string]string{"objectSize": "67108864"}, refuse: []string{"parameters.objectSize", "33554432"}},
 		{name: "tryOtherMounters false", params: map[string]string{"tryOtherMounters": "false"}},
 		{name: "tryOtherMounters true", params: map[string]string{"tryOtherMounters": "true"}, refuse: []string{"parameters.tryOtherMounters", "does not fall back"}},
 		// encrypted and encryptionKMSID are the driver's, with ceph-csi's
 		// meaning (internal/driver/encryption.go validates them): a
 		// volume's record holds them, and the store reads past them.
 		{name: "encrypted true", params: map[string]string{"encrypted": "true", "encryptionKMSID": "vault"}, check: func(t *testing.T, o volumeOptions) {
-			if want := []string{"--image-feature", "layering"}; !slices.Equal(o.imageArgs(o.features), want) {
-				t.Fatalf("image args %q, want %q: the encryption keys shape nothing of the image", o.imageArgs(o.features), want)
+			if want := (ceph.ImageOptions{Features: []string{"layering"}}); !reflect.DeepEqual(o.imageOptions(o.features), want) {
+				t.Fatalf("image options %+v, want %+v: the encryption keys shape nothing of the image", o.imageOptions(o.features), want)
 			}
 		}},
 		{name: "encryptionType", params: map[string]string{"encryptionType": "block"}, refuse: []string{"parameters.encryptionType", "refused", "LUKS2", "fixed"}},

@@ -1,3 +1,5 @@
+//go:build cgo && ceph
+
 package rbd_test
 
 import (
@@ -25,8 +27,8 @@ func TestProbeLoadsTheModuleOnARealKernel(t *testing.T) {
 		t.Skipf("%s exists: the module is loaded already, so this node cannot show the probe loading it (run it first after boot)", present)
 	}
 	inst, err := rbd.New("probe", rbd.Config{
-		ClusterID: "test", Monitors: []string{cl.Monitor}, Pool: cl.Pool, Mounter: cl.Mounter,
-		FuseDir: t.TempDir(), UserID: cl.User, KeyFile: cl.KeyFile,
+		ClusterID: "test", Monitors: []string{"v2:" + cl.Monitor}, Pool: cl.Pool, Mounter: cl.Mounter,
+		FuseDir: t.TempDir(), StateDir: t.TempDir(), UserID: cl.User, KeyFile: cl.KeyFile,
 	}, command.New(utilexec.New(), nil))
 	if err != nil {
 		t.Fatal(err)

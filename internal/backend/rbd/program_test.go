@@ -15,12 +15,12 @@ import (
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-// TestDeadlineSaysWhose: a call stopped by the driver's own per-call
-// limit says so and carries no error kind (the driver answers
-// DEADLINE_EXCEEDED); one stopped by the caller's deadline says that; a
-// cluster that answers with an error is classified by its exit status.
+// TestProgramDeadlineSaysWhose: a node program (rbd device map, rbd-nbd)
+// stopped by the driver's own per-call limit says so and carries no error
+// kind (the driver answers DEADLINE_EXCEEDED); one stopped by the caller's
+// deadline says that; one that fails is classified by its exit status.
 // "rbd" is a script that hangs, or fails as rbd does for a missing image.
-func TestDeadlineSaysWhose(t *testing.T) {
+func TestProgramDeadlineSaysWhose(t *testing.T) {
 	bin := t.TempDir()
 	script := `#!/bin/sh
 case "$1" in
@@ -33,9 +33,9 @@ esac
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key"}.withDefaults()
-	c := &cluster{cfg: cfg, run: command.New(utilexec.New(), nil), callLimit: 300 * time.Millisecond}
+	c := &cluster{cfg: cfg, run: command.New(utilexec.New(), nil), programLimit: 300 * time.Millisecond}
 
-	_, err := c.on("c").rbd(context.Background(), "hang")
+	_, err := c.program(context.Background(), c.run, "c", "rbd", "hang")
 	if err == nil || errdefs.KindOf(err) != nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a call past the per-call limit = %v (kind %v); want a kindless deadline error", err, errdefs.KindOf(err))
 	}
@@ -45,20 +45,20 @@ esac
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err = c.on("c").rbd(ctx, "hang")
+	_, err = c.program(ctx, c.run, "c", "rbd", "hang")
 	if err == nil || errdefs.KindOf(err) != nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the request's own deadline") {
 		t.Fatalf("a call past the caller's deadline = %v; want the request's deadline named", err)
 	}
 
-	_, err = c.on("c").rbd(context.Background(), "missing")
+	_, err = c.program(context.Background(), c.run, "c", "rbd", "missing")
 	if errdefs.KindOf(err) != errdefs.ErrNotFound {
 		t.Fatalf("rbd exiting 2 = %v; want ErrNotFound", err)
 	}
 }
 
 // TestClientSlotsBoundConcurrentCalls: with maxConcurrentCalls 2, five
-// calls at once never run more than two Ceph clients together, and all
-// five complete; a call that finds every slot taken waits, and when its
+// node programs at once never run more than two Ceph clients together,
+// and all five complete; a call that finds every slot taken waits, and when its
 // request's deadline passes first it fails naming the slots and the
 // deadline, without ever having started a client. "rbd" is a script that
 // records how many clients run as it starts, then waits for a go file.
@@ -75,7 +75,7 @@ rm -f "` + state + `/running.$$"
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", MaxConcurrentCalls: 2}.withDefaults()
-	c := newCluster(cfg, command.New(utilexec.New(), nil))
+	c := newCluster(cfg, command.New(utilexec.New(), nil), nil)
 	goFile := filepath.Join(state, "go")
 	starts := func() []string {
 		b, _ := os.ReadFile(filepath.Join(state, "starts"))
@@ -93,7 +93,7 @@ rm -f "` + state + `/running.$$"
 	errs := make(chan error, 5)
 	for range 5 {
 		go func() {
-			_, err := c.on("c").rbd(context.Background(), "info", "x")
+			_, err := c.program(context.Background(), c.run, "c", "rbd", "info", "x")
 			errs <- err
 		}()
 	}
@@ -123,14 +123,14 @@ rm -f "` + state + `/running.$$"
 	}
 	for range 2 {
 		go func() {
-			_, err := c.on("c").rbd(context.Background(), "info", "x")
+			_, err := c.program(context.Background(), c.run, "c", "rbd", "info", "x")
 			errs <- err
 		}()
 	}
 	waitStarts(7)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err := c.on("c").rbd(ctx, "info", "y")
+	_, err := c.program(ctx, c.run, "c", "rbd", "info", "y")
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "2 Ceph client slots") {
 		t.Fatalf("a call finding every slot taken past its deadline = %v; want the request's deadline and the slots named", err)
 	}

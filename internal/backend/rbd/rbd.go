@@ -1,21 +1,26 @@
-// Package rbd is Spindle's Ceph RBD backend: images in one pool of a Ceph
-// cluster, managed with the rbd CLI (store.go, snapshot.go), published by
-// recording the node in the image's metadata (export.go), and mapped on
-// the node with krbd, rbd-nbd or rbd-fuse + a loop device (attach.go,
-// kernel.go, fuse.go).
+// Package rbd is Spindle's Ceph RBD backend: images in the pools of the
+// Ceph clusters an instance serves (store.go, snapshot.go, cow.go,
+// trash.go), published by recording the node in the image's metadata
+// (export.go), and mapped on the node with krbd, rbd-nbd, or a FUSE file
+// served by qemu-storage-daemon with a loop device (attach.go, kernel.go,
+// fuse.go).
 //
-// Every call to the cluster runs the rbd or ceph CLI through
-// internal/command with a deadline and JSON output; the cephx key of the
-// request (CSI secrets userID / userKey) reaches it in a 0600 key file
-// that lives for the one call (ceph.go).
+// Every call the store makes goes through internal/ceph's typed client
+// (librados and librbd, one connection per cluster and identity; the key
+// of the request, CSI secrets userID / userKey, stays in memory). Only
+// what maps an image runs a program on the node (rbd device map, rbd-nbd,
+// qemu-storage-daemon), which reads the key from a 0600 file that lives
+// for the one call (ceph.go).
 package rbd
 
 import (
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/blockdev"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/command"
 )
 
@@ -23,25 +28,37 @@ func init() {
 	backend.Register(backend.Kind[Config]{Type: Type, Validate: Config.Validate, New: New})
 }
 
-// New builds the instance named name from a validated Config. Its node
-// side holds a mapper of each kind: a volume is mapped with the mounter
-// its parameters name, else the instance's.
+// New builds the instance named name from a validated Config, reaching
+// its clusters through the process's one Ceph client (internal/ceph). Its
+// node side holds a mapper of each kind: a volume is mapped with the
+// mounter its parameters name, else the instance's.
 func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error) {
+	return NewWithDialer(name, cfg, run, dialer())
+}
+
+// dialer is the process's Ceph client: one connection per cluster and
+// identity, shared by every instance.
+var dialer = sync.OnceValue(ceph.NewDialer)
+
+// NewWithDialer is New with the Ceph client d (a fake cluster's, in
+// tests).
+func NewWithDialer(name string, cfg Config, run *command.Runner, d ceph.Dialer) (*backend.Instance, error) {
 	cfg = cfg.withDefaults()
-	c := newCluster(cfg, run)
+	c := newCluster(cfg, run, d)
 	removeStaleKeyDirs(c.keyRoot, time.Now())
 	return newInstance(name, c, map[string]mapper{
 		MounterKRBD: &kernelMapper{c: c, sysRoot: "/sys"},
 		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys", procRoot: "/proc"},
-		MounterFuse: &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name), sysRoot: "/sys", procRoot: "/proc"},
+		MounterFuse: &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name),
+			state: filepath.Join(cfg.StateDir, name, "qsd"), sysRoot: "/sys", procRoot: "/proc"},
 	}), nil
 }
 
 // newCluster is the instance's cluster client. Its per-call key files go
 // where the programs run by run.Daemons() read them too: the attach
 // daemon's directory when the node plugin has one.
-func newCluster(cfg Config, run *command.Runner) *cluster {
-	c := &cluster{cfg: cfg, run: run, keyRoot: run.DaemonsDir()}
+func newCluster(cfg Config, run *command.Runner, d ceph.Dialer) *cluster {
+	c := &cluster{cfg: cfg, dialer: d, run: run, keyRoot: run.DaemonsDir()}
 	if cfg.MaxConcurrentCalls > 0 {
 		c.slots = make(chan struct{}, cfg.MaxConcurrentCalls)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -69,11 +70,14 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	features := snapshotImageFeatures(userFeatures(srcInfo.Features))
 	build := func(tmp ref) error {
 		snap := copySnapPrefix + hashOf(r.image)
-		if err := s.cloneOfNow(ctx, source, srcInfo, snap, tmp, []string{"--image-feature", features}, src.CapacityBytes); err != nil {
+		if err := s.cloneOfNow(ctx, source, srcInfo, snap, tmp, ceph.ImageOptions{Features: features}, src.CapacityBytes); err != nil {
 			return err
 		}
-		_, err := s.on(tmp.location).rbd(ctx, "snap", "create", "--no-progress", tmp.at(snapshotSnap))
-		return err
+		cl, err := s.client(ctx, tmp.location)
+		if err != nil {
+			return err
+		}
+		return cl.CreateSnapshot(ctx, tmp.cephImage(), snapshotSnap)
 	}
 	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec), metaDepth: depthValue(depth)}
 	if err := s.buildAndRename(ctx, r, true, build, meta); err != nil {
@@ -104,7 +108,7 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, 
 	if err != nil {
 		return nil, err
 	}
-	info, meta, err := s.read(ctx, r)
+	_, meta, err := s.read(ctx, r)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil, errdefs.NotFound("snapshot %s does not exist", id)
 	}
@@ -112,11 +116,11 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, 
 		return nil, err
 	}
 	if meta[metaSnapshot] == "" {
-		return nil, errdefs.NotFound("snapshot %s does not exist (image %s carries no %s metadata)", id, info.Name, metaSnapshot)
+		return nil, errdefs.NotFound("snapshot %s does not exist (image %s carries no %s metadata)", id, r.spec(), metaSnapshot)
 	}
 	var rec snapshotRecord
 	if err := json.Unmarshal([]byte(meta[metaSnapshot]), &rec); err != nil {
-		return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaSnapshot, err)
+		return nil, fmt.Errorf("image %s: metadata %s: %w", r.spec(), metaSnapshot, err)
 	}
 	return &backend.Snapshot{
 		ID: id, Name: meta[metaName], SourceImageID: rec.SourceImageID, SizeBytes: rec.SizeBytes,
@@ -136,15 +140,15 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*backend.Snapshot, error) 
 	}
 	var out []*backend.Snapshot
 	for _, l := range locs {
-		all, err := s.listImages(ctx, l)
+		names, err := s.listImages(ctx, l)
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range all {
-			if strings.HasPrefix(e.Image, volumePrefix) || strings.HasPrefix(e.Image, tmpPrefix) || !imageNameRe.MatchString(e.Image) {
+		for _, name := range names {
+			if strings.HasPrefix(name, volumePrefix) || strings.HasPrefix(name, tmpPrefix) || !imageNameRe.MatchString(name) {
 				continue
 			}
-			snap, err := s.GetSnapshot(ctx, s.idOf(l.ref(e.Image)))
+			snap, err := s.GetSnapshot(ctx, s.idOf(l.ref(name)))
 			if errdefs.KindOf(err) == errdefs.ErrNotFound {
 				continue
 			}

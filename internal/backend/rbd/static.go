@@ -133,14 +133,18 @@ func (s staticSource) Get(ctx context.Context, imageID string) (*backend.Image, 
 	if err != nil {
 		return nil, err
 	}
-	var info rbdImage
-	if err := s.on(r.location).rbdJSON(ctx, &info, "info", r.spec()); err != nil {
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			return nil, errdefs.NotFound("image %s of the pre-provisioned volume does not exist", r.spec())
-		}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
 		return nil, err
 	}
-	return &backend.Image{ID: imageID, Name: r.image, CapacityBytes: info.Size}, nil
+	info, err := cl.StatImage(ctx, r.cephImage(), "")
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil, errdefs.NotFound("image %s of the pre-provisioned volume does not exist", r.spec())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &backend.Image{ID: imageID, Name: r.image, CapacityBytes: int64(info.Size)}, nil
 }
 
 // CheckAttach: the publish_context names the image of the ID.
@@ -208,7 +212,7 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ado
 	if name, ok := meta[metaName]; ok {
 		switch {
 		case name == spec.Name && meta[metaVolume] != "":
-			return adopted(s.decode(id, info, meta)) // adopted already
+			return adopted(s.decode(id, r.image, info, meta)) // adopted already
 		case name != spec.Name:
 			return nil, errdefs.Precondition("adopt %s: the image already is Spindle's %q", r.spec(), name)
 		}
@@ -228,7 +232,7 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ado
 	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, CreatedAt: time.Now().UTC()}
 	meta = map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec)}
 	if spec.DryRun {
-		res, err := adopted(s.decode(id, info, meta))
+		res, err := adopted(s.decode(id, r.image, info, meta))
 		if err == nil {
 			res.OpenBy = openBy
 		}

@@ -1,7 +1,6 @@
 package rbd
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -125,56 +125,22 @@ func (s *Store) snapshotRef(id string) (ref, error) { return parseRef(id, s.cfg.
 // idOf is the image ID of r.
 func (s *Store) idOf(r ref) string { return r.idOf(s.cfg.ClusterID) }
 
-// on is the connection to the cluster of l.
-func (s *Store) on(l location) conn { return s.c.on(l.cluster) }
-
-// rbdImage is "rbd info --format json".
-type rbdImage struct {
-	Name          string   `json:"name"`
-	ID            string   `json:"id"`
-	Size          int64    `json:"size"`
-	Features      []string `json:"features"`
-	SnapshotCount int      `json:"snapshot_count"`
-	// CreateTimestamp is ctime(3) in the rbd process's time zone.
-	CreateTimestamp string     `json:"create_timestamp"`
-	Parent          *rbdParent `json:"parent,omitempty"`
-}
-
-// rbdParent is the "parent" of "rbd info --format json": the image and
-// snapshot a clone hangs from. A parent that was deleted while it had
-// clones is in the trash: it has no name to open it by, only its ID.
-type rbdParent struct {
-	Pool      string `json:"pool"`
-	Namespace string `json:"pool_namespace"`
-	Image     string `json:"image"`
-	ID        string `json:"id"`
-	Snapshot  string `json:"snapshot"`
-	Trash     bool   `json:"trash"`
+// client is the Ceph client of l's cluster, as the request's identity.
+func (s *Store) client(ctx context.Context, l location) (ceph.Client, error) {
+	return s.c.client(ctx, l.cluster)
 }
 
 // read returns an image's info and metadata.
-func (s *Store) read(ctx context.Context, r ref) (*rbdImage, map[string]string, error) {
-	var info rbdImage
-	if err := s.on(r.location).rbdJSON(ctx, &info, "info", r.spec()); err != nil {
-		return nil, nil, err
-	}
-	// An image without metadata (one Spindle did not make) lists nothing
-	// at all, not "{}", with --format json (Ceph 16.2.15).
-	out, err := s.on(r.location).rbd(ctx, "image-meta", "list", r.spec(), "--format", "json")
+func (s *Store) read(ctx context.Context, r ref) (*ceph.ImageInfo, map[string]string, error) {
+	cl, err := s.client(ctx, r.location)
 	if err != nil {
 		return nil, nil, err
 	}
-	meta := map[string]string{}
-	if len(bytes.TrimSpace(out)) > 0 {
-		if err := json.Unmarshal(out, &meta); err != nil {
-			return nil, nil, fmt.Errorf("rbd image-meta list %s: cannot parse its JSON output %.200q: %w", r.spec(), out, err)
-		}
-	}
-	return &info, meta, nil
+	return cl.DescribeImage(ctx, r.cephImage())
 }
 
 // getImage reads a volume image; ErrNotFound names id.
-func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *rbdImage, error) {
+func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *ceph.ImageInfo, error) {
 	r, err := s.volumeRef(id)
 	if err != nil {
 		return nil, nil, err
@@ -186,22 +152,22 @@ func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *rbdIm
 	if err != nil {
 		return nil, nil, err
 	}
-	img, err := s.decode(id, info, meta)
+	img, err := s.decode(id, r.image, info, meta)
 	return img, info, err
 }
 
 // decode builds the backend's view of a volume image.
-func (s *Store) decode(id string, info *rbdImage, meta map[string]string) (*backend.Image, error) {
+func (s *Store) decode(id, image string, info *ceph.ImageInfo, meta map[string]string) (*backend.Image, error) {
 	name, ok := meta[metaName]
 	if !ok || meta[metaVolume] == "" {
-		return nil, errdefs.NotFound("volume %s does not exist (image %s carries no %s metadata)", id, info.Name, metaVolume)
+		return nil, errdefs.NotFound("volume %s does not exist (image %s carries no %s metadata)", id, image, metaVolume)
 	}
 	var rec volumeRecord
 	if err := json.Unmarshal([]byte(meta[metaVolume]), &rec); err != nil {
-		return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaVolume, err)
+		return nil, fmt.Errorf("image %s: metadata %s: %w", image, metaVolume, err)
 	}
 	img := &backend.Image{
-		ID: id, Name: name, CapacityBytes: info.Size, AccessType: rec.AccessType, FsType: rec.FsType,
+		ID: id, Name: name, CapacityBytes: int64(info.Size), AccessType: rec.AccessType, FsType: rec.FsType,
 		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt, Encryption: rec.Encryption,
 	}
 	if fs := meta[metaFormatted]; fs != "" {
@@ -209,34 +175,25 @@ func (s *Store) decode(id string, info *rbdImage, meta map[string]string) (*back
 	}
 	if v := meta[metaMutable]; v != "" {
 		if err := json.Unmarshal([]byte(v), &img.MutableParameters); err != nil {
-			return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaMutable, err)
+			return nil, fmt.Errorf("image %s: metadata %s: %w", image, metaMutable, err)
 		}
 	}
 	if v := meta[metaAttachments]; v != "" {
 		if err := json.Unmarshal([]byte(v), &img.Attachments); err != nil {
-			return nil, fmt.Errorf("image %s: metadata %s: %w", info.Name, metaAttachments, err)
+			return nil, fmt.Errorf("image %s: metadata %s: %w", image, metaAttachments, err)
 		}
 	}
 	return img, nil
 }
 
-// setMeta sets (value != "") or removes (value == "") metadata keys.
+// setMeta sets (value != "") or removes (value == "") metadata keys, in
+// one call.
 func (s *Store) setMeta(ctx context.Context, r ref, kv map[string]string) error {
-	for _, k := range slices.Sorted(maps.Keys(kv)) {
-		var err error
-		if v := kv[k]; v != "" {
-			_, err = s.on(r.location).rbd(ctx, "image-meta", "set", r.spec(), k, v)
-		} else {
-			_, err = s.on(r.location).rbd(ctx, "image-meta", "remove", r.spec(), k)
-			if errdefs.KindOf(err) == errdefs.ErrNotFound {
-				err = nil // nothing to remove
-			}
-		}
-		if err != nil {
-			return err
-		}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
 	}
-	return nil
+	return cl.SetImageMetadata(ctx, r.cephImage(), kv)
 }
 
 func mustJSON(v any) string {
@@ -294,9 +251,11 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	switch {
 	case spec.Source == nil:
 		build = func(tmp ref) error {
-			args := append([]string{"create", "--no-progress", "--size", bytesArg(spec.CapacityBytes)}, opts.imageArgs(opts.features)...)
-			_, err := s.on(tmp.location).rbd(ctx, append(args, tmp.spec())...)
-			return err
+			cl, err := s.client(ctx, tmp.location)
+			if err != nil {
+				return err
+			}
+			return cl.CreateImage(ctx, tmp.cephImage(), uint64(spec.CapacityBytes), opts.imageOptions(opts.features))
 		}
 	case spec.Source.SnapshotID != "":
 		snap, err := s.GetSnapshot(ctx, spec.Source.SnapshotID)
@@ -318,7 +277,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			return nil, err
 		}
 		build = func(tmp ref) error {
-			return s.clone(ctx, snapImage, snapshotSnap, tmp, opts.imageArgs(opts.features), spec.CapacityBytes, snap.SizeBytes)
+			return s.clone(ctx, snapImage, snapshotSnap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes, snap.SizeBytes)
 		}
 	default:
 		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
@@ -341,7 +300,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		}
 		snap := cloneSnapPrefix + hashOf(r.image)
 		build = func(tmp ref) error {
-			return s.cloneOfNow(ctx, srcRef, srcInfo, snap, tmp, opts.imageArgs(opts.features), spec.CapacityBytes)
+			return s.cloneOfNow(ctx, srcRef, srcInfo, snap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes)
 		}
 	}
 	if err := s.checkRoom(ctx, spec.CapacityBytes); err != nil {
@@ -362,14 +321,13 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	return img, err
 }
 
-// imageArgs are the arguments of "rbd create" and "rbd clone" that give a
-// new image the volume's features, data pool and striping.
-func (o volumeOptions) imageArgs(features string) []string {
-	args := []string{"--image-feature", features}
-	if o.dataPool != "" {
-		args = append(args, "--data-pool", o.dataPool)
-	}
-	return append(args, o.striping...)
+// imageOptions make a new image (or clone) with the volume's features,
+// data pool and striping.
+func (o volumeOptions) imageOptions(features string) ceph.ImageOptions {
+	opts := o.striping
+	opts.Features = strings.Split(features, ",")
+	opts.DataPool = o.dataPool
+	return opts
 }
 
 // sameCluster refuses a copy across clusters: an RBD clone is made within
@@ -425,7 +383,11 @@ func (s *Store) buildAndRename(ctx context.Context, r ref, inherited bool, build
 	if err := s.setMeta(ctx, tmp, all); err != nil {
 		return err
 	}
-	if _, err := s.on(r.location).rbd(ctx, "rename", tmp.spec(), r.spec()); err != nil {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	if err := cl.RenameImage(ctx, tmp.cephImage(), r.image); err != nil {
 		if errdefs.KindOf(err) == errdefs.ErrAlreadyExists {
 			return errdefs.Wrap(errdefs.ErrBusy, err, "image %s was created by another controller meanwhile; retry", r.spec())
 		}
@@ -506,96 +468,46 @@ func sameSource(a, b *backend.ContentSource) bool {
 	return *a == *b
 }
 
-// bytesArg is a size argument in bytes for rbd ("4194304B").
-func bytesArg(n int64) string { return strconv.FormatInt(n, 10) + "B" }
-
-// rbdSnap is one entry of "rbd snap ls --format json".
-type rbdSnap struct {
-	ID        int64  `json:"id"`
-	Name      string `json:"name"`
-	Protected string `json:"protected"`
-}
-
-// rbdWatchers is "rbd status --format json".
-type rbdWatchers struct {
-	Watchers []struct {
-		Address string `json:"address"`
-	} `json:"watchers"`
-}
-
 // watchers lists the client addresses that have the image open, but the
 // Ceph manager's own: its rbd_support module opens an image for a moment
 // to run a background task (tasks.go), e.g. to detach a removed clone
 // from its parent; that is no node writing, must not refuse a delete or a
 // stage, and must never be fenced.
 func (s *Store) watchers(ctx context.Context, r ref) ([]string, error) {
-	var st rbdWatchers
-	if err := s.on(r.location).rbdJSON(ctx, &st, "status", r.spec()); err != nil {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
 		return nil, err
 	}
-	if len(st.Watchers) == 0 {
-		return nil, nil
+	all, err := cl.Watchers(ctx, r.cephImage())
+	if err != nil || len(all) == 0 {
+		return nil, err
 	}
-	mgr, err := s.mgrClients(ctx, s.on(r.location))
+	mgr, err := cl.ManagerClients(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, w := range st.Watchers {
-		if !mgr[w.Address] {
-			out = append(out, w.Address)
+	for _, w := range all {
+		if !slices.Contains(mgr, w) {
+			out = append(out, w)
 		}
 	}
 	return out, nil
 }
 
-// mgrDump is the part of "ceph mgr dump --format json" that names the
-// active manager's own clients.
-type mgrDump struct {
-	ActiveClients []struct {
-		Name    string `json:"name"`
-		Addrvec []struct {
-			Addr  string `json:"addr"`
-			Nonce uint64 `json:"nonce"`
-		} `json:"addrvec"`
-	} `json:"active_clients"`
-}
-
-// mgrClients are the addresses of the active manager's clients
-// ("127.0.0.1:0/3634981916", as "rbd status" prints a watcher).
-func (s *Store) mgrClients(ctx context.Context, k conn) (map[string]bool, error) {
-	out, err := k.ceph(ctx, "mgr", "dump", "--format", "json")
-	if err != nil {
-		return nil, err
-	}
-	var d mgrDump
-	if err := json.Unmarshal(out, &d); err != nil {
-		return nil, fmt.Errorf("ceph mgr dump: cannot parse its JSON output: %w", err)
-	}
-	clients := map[string]bool{}
-	for _, c := range d.ActiveClients {
-		for _, a := range c.Addrvec {
-			clients[a.Addr+"/"+strconv.FormatUint(a.Nonce, 10)] = true
-		}
-	}
-	return clients, nil
-}
-
-// rbdLock is one entry of "rbd lock ls --format json".
-type rbdLock struct {
-	ID     string `json:"id"`
-	Locker string `json:"locker"`
-}
-
-// removeLocks breaks the advisory locks left on an image: "rbd rm" of a
+// removeLocks breaks the advisory locks left on an image: removing a
 // locked image waits for them forever.
 func (s *Store) removeLocks(ctx context.Context, r ref) error {
-	var locks []rbdLock
-	if err := s.on(r.location).rbdJSON(ctx, &locks, "lock", "ls", r.spec()); err != nil {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	locks, err := cl.Locks(ctx, r.cephImage())
+	if err != nil {
 		return err
 	}
 	for _, l := range locks {
-		if _, err := s.on(r.location).rbd(ctx, "lock", "rm", r.spec(), l.ID, l.Locker); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if err := cl.BreakLock(ctx, r.cephImage(), l); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			return err
 		}
 	}
@@ -626,37 +538,13 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	return s.remove(ctx, r, info)
 }
 
-// rbdListed is one entry of "rbd ls -l --format json".
-type rbdListed struct {
-	Image     string     `json:"image"`
-	Size      int64      `json:"size"`
-	Snapshot  string     `json:"snapshot,omitempty"`
-	Protected string     `json:"protected,omitempty"` // "true" for a protected snapshot
-	Parent    *rbdParent `json:"parent,omitempty"`
-}
-
-// listAll lists a location's images and their snapshots ("rbd ls -l").
-func (s *Store) listAll(ctx context.Context, l location) ([]rbdListed, error) {
-	var all []rbdListed
-	if err := s.on(l).rbdJSON(ctx, &all, "ls", "-l", l.poolSpec()); err != nil {
-		return nil, err
-	}
-	return all, nil
-}
-
-// listImages lists a location's images (no snapshots).
-func (s *Store) listImages(ctx context.Context, l location) ([]rbdListed, error) {
-	all, err := s.listAll(ctx, l)
+// listImages lists the names of a location's images.
+func (s *Store) listImages(ctx context.Context, l location) ([]string, error) {
+	cl, err := s.client(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	out := all[:0]
-	for _, e := range all {
-		if e.Snapshot == "" {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return cl.ListImages(ctx, l.cephPool())
 }
 
 // List implements backend.ImageStore: the volumes of every location the
@@ -670,15 +558,15 @@ func (s *Store) List(ctx context.Context) ([]*backend.Image, error) {
 	}
 	var out []*backend.Image
 	for _, l := range locs {
-		all, err := s.listImages(ctx, l)
+		names, err := s.listImages(ctx, l)
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range all {
-			if strings.HasPrefix(e.Image, snapPrefix) || strings.HasPrefix(e.Image, tmpPrefix) || !imageNameRe.MatchString(e.Image) {
+		for _, name := range names {
+			if strings.HasPrefix(name, snapPrefix) || strings.HasPrefix(name, tmpPrefix) || !imageNameRe.MatchString(name) {
 				continue
 			}
-			img, _, err := s.getImage(ctx, s.idOf(l.ref(e.Image)))
+			img, _, err := s.getImage(ctx, s.idOf(l.ref(name)))
 			if errdefs.KindOf(err) == errdefs.ErrNotFound {
 				continue // deleted meanwhile, or not a volume
 			}
@@ -712,7 +600,11 @@ func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend
 	if err := s.checkRoom(ctx, newBytes-img.CapacityBytes); err != nil {
 		return nil, err
 	}
-	if _, err := s.on(r.location).rbd(ctx, "resize", "--no-progress", "--size", bytesArg(newBytes), r.spec()); err != nil {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.ResizeImage(ctx, r.cephImage(), uint64(newBytes)); err != nil {
 		return nil, err
 	}
 	img, _, err = s.getImage(ctx, id)
@@ -767,28 +659,31 @@ func validateMutable(mutable map[string]string) error {
 	return nil
 }
 
-// rbdDF is the part of "ceph df --format json" the store reads.
-type rbdDF struct {
-	Pools []struct {
-		Name  string `json:"name"`
-		Stats struct {
-			MaxAvail int64 `json:"max_avail"`
-		} `json:"stats"`
-	} `json:"pools"`
-}
-
 // provisioned sums the sizes of the instance's images in its own pool
 // (volumes, snapshot copies, images being built, by Spindle's names).
 func (s *Store) provisioned(ctx context.Context) (int64, error) {
-	all, err := s.listImages(ctx, s.ownLocation())
+	own := s.ownLocation()
+	cl, err := s.client(ctx, own)
+	if err != nil {
+		return 0, err
+	}
+	names, err := cl.ListImages(ctx, own.cephPool())
 	if err != nil {
 		return 0, err
 	}
 	var n int64
-	for _, e := range all {
-		if strings.HasPrefix(e.Image, volumePrefix) || strings.HasPrefix(e.Image, snapPrefix) || strings.HasPrefix(e.Image, tmpPrefix) {
-			n += e.Size
+	for _, name := range names {
+		if !isSpindleImage(name) {
+			continue
 		}
+		info, err := cl.StatImage(ctx, own.ref(name).cephImage(), "")
+		switch {
+		case errdefs.KindOf(err) == errdefs.ErrNotFound:
+			continue // renamed or removed meanwhile
+		case err != nil:
+			return 0, err
+		}
+		n += int64(info.Size)
 	}
 	return n, nil
 }
@@ -812,22 +707,16 @@ func (s *Store) checkRoom(ctx context.Context, extra int64) error {
 // Capacity implements backend.ImageStore: the pool's max_avail from
 // "ceph df", capped by what MaxProvisionedBytes leaves.
 func (s *Store) Capacity(ctx context.Context) (backend.Capacity, error) {
-	var df rbdDF
-	out, err := s.on(s.ownLocation()).ceph(ctx, "df", "--format", "json")
+	cl, err := s.client(ctx, s.ownLocation())
 	if err != nil {
 		return backend.Capacity{}, err
 	}
-	if err := json.Unmarshal(out, &df); err != nil {
-		return backend.Capacity{}, fmt.Errorf("ceph df: cannot parse its JSON output: %w", err)
+	avail, err := cl.PoolAvailable(ctx, s.cfg.Pool)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return backend.Capacity{}, errdefs.Wrap(errdefs.ErrUnavailable, err, "pool %s of Ceph cluster %s", s.cfg.Pool, s.cfg.ClusterID)
 	}
-	avail := int64(-1)
-	for _, p := range df.Pools {
-		if p.Name == s.cfg.Pool {
-			avail = p.Stats.MaxAvail
-		}
-	}
-	if avail < 0 {
-		return backend.Capacity{}, errdefs.Unavailable("ceph df does not list pool %s", s.cfg.Pool)
+	if err != nil {
+		return backend.Capacity{}, err
 	}
 	if s.cfg.MaxProvisionedBytes > 0 {
 		n, err := s.provisioned(ctx)
@@ -841,8 +730,7 @@ func (s *Store) Capacity(ctx context.Context) (backend.Capacity, error) {
 
 // Probe implements backend.ImageStore: the pool answers.
 func (s *Store) Probe(ctx context.Context) error {
-	var names []string
-	if err := s.on(s.ownLocation()).rbdJSON(ctx, &names, "ls", s.cfg.Pool); err != nil {
+	if _, err := s.listImages(ctx, s.ownLocation()); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pool %s of Ceph cluster %s is not reachable", s.cfg.Pool, s.cfg.ClusterID)
 	}
 	return nil

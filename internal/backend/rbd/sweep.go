@@ -23,20 +23,6 @@ import (
 // the next controller start.
 const LeftoverAge = 10 * time.Minute
 
-// rbdTimeLayout is how the rbd CLI prints create_timestamp and snapshot
-// timestamps: ctime(3) in the local time zone of the rbd process.
-const rbdTimeLayout = "Mon Jan _2 15:04:05 2006"
-
-func parseRBDTime(s string) (time.Time, error) {
-	return time.ParseInLocation(rbdTimeLayout, strings.Join(strings.Fields(s), " "), time.Local)
-}
-
-// rbdSnapTime is one entry of "rbd snap ls --format json" with its time.
-type rbdSnapTime struct {
-	Name      string `json:"name"`
-	Timestamp string `json:"timestamp"`
-}
-
 // Sweep removes what interrupted Creates left in the pool: temporary
 // images (csi-tmp-*, an image being built when its controller died) and
 // copy snapshots (csi-copy-*, the instant a CSI snapshot was being copied
@@ -75,28 +61,25 @@ func (s *Store) ownIdentity() error {
 
 // sweep sweeps one location.
 func (s *Store) sweep(ctx context.Context, l location) ([]string, error) {
-	all, err := s.listAll(ctx, l)
+	names, err := s.listImages(ctx, l)
 	if err != nil {
 		return nil, err
 	}
 	now := s.clock()
 	var removed []string
 	var errs []error
-	seen := map[string]bool{}
-	for _, e := range all {
-		switch {
-		case e.Snapshot == "" && strings.HasPrefix(e.Image, tmpPrefix):
-			ok, err := s.sweepTemporary(ctx, l.ref(e.Image), now)
+	for _, name := range names {
+		if strings.HasPrefix(name, tmpPrefix) {
+			ok, err := s.sweepTemporary(ctx, l.ref(name), now)
 			if ok {
-				removed = append(removed, l.ref(e.Image).spec())
+				removed = append(removed, l.ref(name).spec())
 			}
 			errs = append(errs, err)
-		case strings.HasPrefix(e.Snapshot, copySnapPrefix) && !strings.HasPrefix(e.Image, tmpPrefix) && !seen[e.Image]:
-			seen[e.Image] = true
-			snaps, err := s.sweepCopySnapshots(ctx, l.ref(e.Image), now)
-			removed = append(removed, snaps...)
-			errs = append(errs, err)
+			continue
 		}
+		snaps, err := s.sweepCopySnapshots(ctx, l.ref(name), now)
+		removed = append(removed, snaps...)
+		errs = append(errs, err)
 	}
 	return removed, errors.Join(errs...)
 }
@@ -112,22 +95,22 @@ func (s *Store) clock() time.Time {
 // sweepTemporary removes the temporary image if it is old enough.
 func (s *Store) sweepTemporary(ctx context.Context, r ref, now time.Time) (bool, error) {
 	defer s.locks.lock(s.idOf(r))()
-	var info rbdImage
-	if err := s.on(r.location).rbdJSON(ctx, &info, "info", r.spec()); err != nil {
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			return false, nil // renamed or removed meanwhile
-		}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
 		return false, err
 	}
-	at, err := parseRBDTime(info.CreateTimestamp)
-	if err != nil {
-		return false, fmt.Errorf("temporary image %s: create_timestamp %q: %w", r.spec(), info.CreateTimestamp, err)
+	info, err := cl.StatImage(ctx, r.cephImage(), "")
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return false, nil // renamed or removed meanwhile
 	}
-	if now.Sub(at) < LeftoverAge {
+	if err != nil {
+		return false, err
+	}
+	if now.Sub(info.Created) < LeftoverAge {
 		return false, nil
 	}
 	if err := s.removeNow(ctx, r); err != nil {
-		return false, fmt.Errorf("remove temporary image %s, created %s: %w", r.spec(), at.Format(time.RFC3339), err)
+		return false, fmt.Errorf("remove temporary image %s, created %s: %w", r.spec(), info.Created.UTC().Format(time.RFC3339), err)
 	}
 	return true, nil
 }
@@ -135,33 +118,28 @@ func (s *Store) sweepTemporary(ctx context.Context, r ref, now time.Time) (bool,
 // sweepCopySnapshots removes the image's csi-copy-* snapshots that are old
 // enough.
 func (s *Store) sweepCopySnapshots(ctx context.Context, r ref, now time.Time) ([]string, error) {
-	var snaps []rbdSnapTime
-	if err := s.on(r.location).rbdJSON(ctx, &snaps, "snap", "ls", r.spec()); err != nil {
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			return nil, nil
-		}
+	snaps, err := s.userSnapshots(ctx, r)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
 		return nil, err
 	}
 	var removed []string
 	var errs []error
 	for _, sn := range snaps {
-		if !strings.HasPrefix(sn.Name, copySnapPrefix) {
+		if !strings.HasPrefix(sn.Name, copySnapPrefix) || now.Sub(sn.Created) < LeftoverAge {
 			continue
 		}
-		at, err := parseRBDTime(sn.Timestamp)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("snapshot %s: timestamp %q: %w", r.at(sn.Name), sn.Timestamp, err))
+		if err := cl.RemoveSnapshot(ctx, r.cephImage(), sn.Name); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			errs = append(errs, fmt.Errorf("remove copy snapshot %s, taken %s: %w", r.at(sn.Name), sn.Created.UTC().Format(time.RFC3339), err))
 			continue
 		}
-		if now.Sub(at) < LeftoverAge {
-			continue
-		}
-		spec := r.at(sn.Name)
-		if _, err := s.on(r.location).rbd(ctx, "snap", "rm", "--no-progress", spec); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
-			errs = append(errs, fmt.Errorf("remove copy snapshot %s, taken %s: %w", spec, at.Format(time.RFC3339), err))
-			continue
-		}
-		removed = append(removed, spec)
+		removed = append(removed, r.at(sn.Name))
 	}
 	return removed, errors.Join(errs...)
 }
@@ -200,26 +178,34 @@ func (s *Store) Maintain(ctx context.Context) ([]string, error) {
 // recorded depth is beyond MaxCloneDepth and that still has a parent. A
 // flatten already queued is not queued twice.
 func (s *Store) flattenDeepChains(ctx context.Context, l location) ([]string, error) {
-	all, err := s.listAll(ctx, l)
+	cl, err := s.client(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	names, err := cl.ListImages(ctx, l.cephPool())
 	if err != nil {
 		return nil, err
 	}
 	var queued []string
 	var errs []error
-	for _, e := range all {
-		if e.Snapshot != "" || e.Parent == nil || strings.HasPrefix(e.Image, tmpPrefix) {
+	for _, name := range names {
+		if strings.HasPrefix(name, tmpPrefix) {
 			continue
 		}
-		r := l.ref(e.Image)
-		out, err := s.on(l).rbd(ctx, "image-meta", "get", r.spec(), metaDepth)
+		r := l.ref(name)
+		info, meta, err := cl.DescribeImage(ctx, r.cephImage())
 		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			continue // no clone of Spindle's
+			continue // removed meanwhile
 		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if depth, err := strconv.Atoi(strings.TrimSpace(string(out))); err != nil || depth <= s.cfg.MaxCloneDepth {
+		v, ok := meta[metaDepth]
+		if !ok || info.Parent == nil {
+			continue // no clone of Spindle's, or flattened
+		}
+		if depth, err := strconv.Atoi(strings.TrimSpace(v)); err != nil || depth <= s.cfg.MaxCloneDepth {
 			continue
 		}
 		if err := s.flattenInBackground(ctx, r); err != nil {

@@ -2,7 +2,7 @@ package rbd
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -30,30 +30,6 @@ const (
 	runnerDriver = "driver"
 )
 
-// mgrTask is one entry of "ceph rbd task list --format json" and the answer
-// of "ceph rbd task add".
-type mgrTask struct {
-	Sequence int    `json:"sequence"`
-	ID       string `json:"id"`
-	Message  string `json:"message"`
-	Refs     struct {
-		Action        string `json:"action"`
-		PoolName      string `json:"pool_name"`
-		PoolNamespace string `json:"pool_namespace"`
-		ImageName     string `json:"image_name"`
-		ImageID       string `json:"image_id"`
-	} `json:"refs"`
-	InProgress   bool     `json:"in_progress"`
-	Progress     *float64 `json:"progress,omitempty"`
-	RetryMessage string   `json:"retry_message,omitempty"`
-}
-
-// The mgr's names of the task actions Spindle adds.
-const (
-	mgrFlatten     = "flatten"
-	mgrTrashRemove = "trash remove"
-)
-
 // background tracks the tasks this process runs itself.
 type background struct {
 	mu sync.Mutex
@@ -70,56 +46,48 @@ func (b *background) mgrMissing() bool {
 	return b.noMgr
 }
 
-// mgrTasksMissing reports whether a "ceph rbd task" call failed because the
-// cluster has no such command: a mgr without rbd_support (before Ceph
-// 14.2.3, or the module disabled). EINVAL with "no valid command found" or
-// "No handler", or EOPNOTSUPP for a disabled module.
-func mgrTasksMissing(err error) bool {
-	stderr := command.Stderr(err)
-	switch command.ExitCode(err) {
-	case exitEINVAL:
-		return strings.Contains(stderr, "no valid command found") || strings.Contains(stderr, "No handler")
-	case exitEOPNOTSUPP:
-		return true
-	}
-	return false
-}
-
 // flattenInBackground has the image flattened outside any RPC. A flatten
 // of the image that is already queued is not queued twice (the mgr
 // answers with the existing task; this process keys its own by image).
 func (s *Store) flattenInBackground(ctx context.Context, r ref) error {
-	return s.inBackground(ctx, s.on(r.location), backend.TaskFlatten, s.idOf(r),
-		[]string{"rbd", "task", "add", "flatten", r.spec()},
-		[]string{"flatten", "--no-progress", r.spec()})
+	return s.inBackground(ctx, r.location, backend.TaskFlatten, s.idOf(r), "flatten "+r.spec(),
+		func(cl ceph.Client) error { return cl.AddFlattenTask(ctx, r.cephImage()) },
+		func(cl ceph.Client, ctx context.Context) error { return cl.FlattenImage(ctx, r.cephImage()) })
 }
 
 // removeInBackground has the trashed image id of a location removed for
 // good.
 func (s *Store) removeInBackground(ctx context.Context, l location, id, name string) error {
-	return s.inBackground(ctx, s.on(l), backend.TaskRemove, s.idOf(l.ref(name)),
-		[]string{"rbd", "task", "add", "trash", "remove", l.ref(id).spec()},
-		[]string{"trash", "rm", "--no-progress", l.ref(id).spec()})
+	return s.inBackground(ctx, l, backend.TaskRemove, s.idOf(l.ref(name)), "trash remove "+l.ref(id).spec(),
+		func(cl ceph.Client) error { return cl.AddTrashRemoveTask(ctx, l.cephPool(), id) },
+		func(cl ceph.Client, ctx context.Context) error { return cl.TrashRemove(ctx, l.cephPool(), id) })
 }
 
-func (s *Store) inBackground(ctx context.Context, k conn, action, image string, mgrArgs, localArgs []string) error {
+// inBackground hands the work to the manager (toManager), or, where it
+// has no rbd_support module, runs it in this process (here).
+func (s *Store) inBackground(ctx context.Context, l location, action, image, what string, toManager func(ceph.Client) error, here func(ceph.Client, context.Context) error) error {
 	if !s.bg.mgrMissing() {
-		_, err := k.ceph(ctx, append(mgrArgs, "--format", "json")...)
-		if err == nil || !mgrTasksMissing(err) {
+		cl, err := s.client(ctx, l)
+		if err != nil {
+			return err
+		}
+		err = toManager(cl)
+		if !errors.Is(err, ceph.ErrTasksUnsupported) {
 			return err
 		}
 		s.bg.mu.Lock()
 		s.bg.noMgr = true
 		s.bg.mu.Unlock()
 	}
-	s.runLocally(ctx, k, action, image, localArgs)
+	s.runLocally(ctx, l, action, image, what, here)
 	return nil
 }
 
-// runLocally runs "rbd args" in a goroutine of its own, once per action
-// and image at a time. It keeps the context's values (the request's cephx
-// credentials) but not its deadline or cancellation.
-func (s *Store) runLocally(ctx context.Context, k conn, action, image string, args []string) {
+// runLocally runs the work in a goroutine of its own, once per action and
+// image at a time. It keeps the context's values (the request's cephx
+// credentials) but not its deadline or cancellation, and calls the
+// cluster under backgroundCallTimeout.
+func (s *Store) runLocally(ctx context.Context, l location, action, image, what string, work func(ceph.Client, context.Context) error) {
 	key := action + " " + image
 	s.bg.mu.Lock()
 	defer s.bg.mu.Unlock()
@@ -130,16 +98,20 @@ func (s *Store) runLocally(ctx context.Context, k conn, action, image string, ar
 		return
 	}
 	s.bg.local[key] = &backend.Task{Action: action, Image: image, Progress: -1, InProgress: true, Runner: runnerDriver,
-		Message: "rbd " + strings.Join(args, " "), Since: s.clock().UTC().Truncate(time.Second)}
+		Message: what, Since: s.clock().UTC().Truncate(time.Second)}
+	bg := context.WithoutCancel(ctx)
 	go func() {
-		_, err := k.rbdBackground(context.WithoutCancel(ctx), args...)
+		cl, err := s.c.backgroundClient(bg, l.cluster)
+		if err == nil {
+			err = work(cl, bg)
+		}
 		s.bg.mu.Lock()
 		defer s.bg.mu.Unlock()
 		if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			// The failure stays visible until Maintain starts the task
 			// again, finding the work still undone.
 			t := s.bg.local[key]
-			t.InProgress, t.Message = false, fmt.Sprintf("rbd %s failed: %v", strings.Join(args, " "), err)
+			t.InProgress, t.Message = false, fmt.Sprintf("%s failed: %v", what, err)
 			return
 		}
 		delete(s.bg.local, key)
@@ -155,15 +127,12 @@ func (s *Store) Tasks(ctx context.Context) ([]backend.Task, error) {
 		if err != nil {
 			return nil, err
 		}
-		var list []mgrTask
-		raw, err := s.on(s.ownLocation()).ceph(ctx, "rbd", "task", "list", "--format", "json")
-		switch {
-		case err == nil:
-			if err := json.Unmarshal(raw, &list); err != nil {
-				return nil, fmt.Errorf("ceph rbd task list: cannot parse its JSON output %.200q: %w", raw, err)
-			}
-		case mgrTasksMissing(err):
-		default:
+		cl, err := s.client(ctx, s.ownLocation())
+		if err != nil {
+			return nil, err
+		}
+		list, err := cl.Tasks(ctx)
+		if err != nil && !errors.Is(err, ceph.ErrTasksUnsupported) {
 			return nil, err
 		}
 		for _, t := range list {
@@ -184,28 +153,25 @@ func (s *Store) Tasks(ctx context.Context) ([]backend.Task, error) {
 }
 
 // taskOf translates one mgr task, if it is on an image in one of locs.
-func (s *Store) taskOf(t mgrTask, locs []location) (backend.Task, bool) {
-	i := slices.IndexFunc(locs, func(l location) bool { return l.pool == t.Refs.PoolName && l.namespace == t.Refs.PoolNamespace })
+func (s *Store) taskOf(t ceph.Task, locs []location) (backend.Task, bool) {
+	i := slices.IndexFunc(locs, func(l location) bool { return l.cephPool() == t.Pool })
 	if i < 0 {
 		return backend.Task{}, false
 	}
 	l := locs[i]
-	task := backend.Task{Progress: -1, InProgress: t.InProgress, Runner: runnerMgr, Message: t.Message}
-	if t.Progress != nil {
-		task.Progress = *t.Progress
-	}
+	task := backend.Task{Progress: t.Progress, InProgress: t.InProgress, Runner: runnerMgr, Message: t.Message}
 	if t.RetryMessage != "" {
 		task.Message += " (retrying: " + t.RetryMessage + ")"
 	}
-	switch t.Refs.Action {
-	case mgrFlatten:
-		if !isSpindleImage(t.Refs.ImageName) {
+	switch t.Action {
+	case ceph.TaskFlatten:
+		if !isSpindleImage(t.Image) {
 			return backend.Task{}, false
 		}
-		task.Action, task.Image = backend.TaskFlatten, s.idOf(l.ref(t.Refs.ImageName))
-	case mgrTrashRemove:
+		task.Action, task.Image = backend.TaskFlatten, s.idOf(l.ref(t.Image))
+	case ceph.TaskTrashRemove:
 		// The mgr names a trashed image by its ID only.
-		task.Action, task.Image = backend.TaskRemove, s.idOf(l.ref(t.Refs.ImageID))+" (trash)"
+		task.Action, task.Image = backend.TaskRemove, s.idOf(l.ref(t.ImageID))+" (trash)"
 	default:
 		return backend.Task{}, false
 	}

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
-	"github.com/spindle-csi/spindle/internal/command"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -21,24 +22,10 @@ import (
 // volumes and snapshots can be deleted in any order, and nothing is left
 // once all are.
 
-// rbdTrashEntry is one entry of "rbd trash ls --format json".
-type rbdTrashEntry struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-}
-
-// rbdChild is one entry of "rbd children --format json".
-type rbdChild struct {
-	Pool      string `json:"pool"`
-	Namespace string `json:"pool_namespace"`
-	Image     string `json:"image"`
-	Trash     bool   `json:"trash"`
-}
-
 // remove deletes an unpublished volume or snapshot image: no watchers,
 // locks broken, its own snapshots removed, then to the trash, and its data
 // removed in the background once nothing hangs from it.
-func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
+func (s *Store) remove(ctx context.Context, r ref, info *ceph.ImageInfo) error {
 	w, err := s.watchers(ctx, r)
 	if err != nil {
 		return err
@@ -59,7 +46,11 @@ func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
 			return err
 		}
 	}
-	if _, err := s.on(r.location).rbd(ctx, "trash", "mv", r.spec()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	if err := cl.TrashMove(ctx, r.cephImage()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return err
 	}
 	if err := s.removeIfFree(ctx, r.location, info.ID, r.image); err != nil {
@@ -81,11 +72,15 @@ func (s *Store) remove(ctx context.Context, r ref, info *rbdImage) error {
 // removeIfFree queues the removal of the trashed image id once no clone
 // hangs from it any more (it has no snapshot left, in any namespace).
 func (s *Store) removeIfFree(ctx context.Context, l location, id, name string) error {
-	var snaps []rbdSnap
-	if err := s.on(l).rbdJSON(ctx, &snaps, append([]string{"snap", "ls", "--all", "--image-id", id}, poolArgs(l)...)...); err != nil {
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			return nil // removed already
-		}
+	cl, err := s.client(ctx, l)
+	if err != nil {
+		return err
+	}
+	snaps, err := cl.SnapshotsOfID(ctx, l.cephPool(), id)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil // removed already
+	}
+	if err != nil {
 		return err
 	}
 	if len(snaps) > 0 {
@@ -94,13 +89,18 @@ func (s *Store) removeIfFree(ctx context.Context, l location, id, name string) e
 	return s.removeInBackground(ctx, l, id, name)
 }
 
-// poolArgs name a location for the rbd commands that take an image by ID.
-func poolArgs(l location) []string {
-	args := []string{"--pool", l.pool}
-	if l.namespace != "" {
-		args = append(args, "--namespace", l.namespace)
+// userSnapshots lists an image's snapshots of the user namespace (those
+// "rbd snap ls" shows, which Spindle takes).
+func (s *Store) userSnapshots(ctx context.Context, r ref) ([]ceph.SnapInfo, error) {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
 	}
-	return args
+	all, err := cl.Snapshots(ctx, r.cephImage())
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(sn ceph.SnapInfo) bool { return sn.Namespace != ceph.SnapUser }), nil
 }
 
 // dropOwnedSnapshots removes the image's snapshots, all of which must be
@@ -111,8 +111,8 @@ func poolArgs(l location) []string {
 // they are flattened in the background and the delete is refused with
 // ErrBusy until they are.
 func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref) error {
-	var snaps []rbdSnap
-	if err := s.on(r.location).rbdJSON(ctx, &snaps, "snap", "ls", r.spec()); err != nil {
+	snaps, err := s.userSnapshots(ctx, r)
+	if err != nil {
 		return err
 	}
 	for _, sn := range snaps {
@@ -120,11 +120,14 @@ func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref) error {
 			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", r.spec(), sn.Name)
 		}
 	}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
 	var flattening []string
 	for _, sn := range snaps {
-		at := r.at(sn.Name)
-		if sn.Protected == "true" {
-			busy, err := s.unprotect(ctx, r.location, at)
+		if sn.Protected {
+			busy, err := s.unprotect(ctx, r, sn.Name)
 			if err != nil {
 				return err
 			}
@@ -133,7 +136,7 @@ func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref) error {
 				continue
 			}
 		}
-		if _, err := s.on(r.location).rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if err := cl.RemoveSnapshot(ctx, r.cephImage(), sn.Name); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			return err
 		}
 	}
@@ -144,31 +147,32 @@ func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref) error {
 	return nil
 }
 
-// unprotect unprotects the snapshot at. While clones hang from it (Ceph
-// refuses with EBUSY), it has them flattened in the background and returns
-// them.
-func (s *Store) unprotect(ctx context.Context, l location, at string) ([]string, error) {
-	_, err := s.on(l).rbd(ctx, "snap", "unprotect", at)
-	if err == nil || strings.Contains(command.Stderr(err), "not protected") {
-		return nil, nil
-	}
-	if command.ExitCode(err) != exitEBUSY {
+// unprotect unprotects r@snap. While clones of format 1 hang from it
+// (Ceph refuses with EBUSY), it has them flattened in the background and
+// returns them.
+func (s *Store) unprotect(ctx context.Context, r ref, snap string) ([]string, error) {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
 		return nil, err
 	}
-	var children []rbdChild
-	if err := s.on(l).rbdJSON(ctx, &children, "children", "--all", at); err != nil {
+	err = cl.UnprotectSnapshot(ctx, r.cephImage(), snap)
+	if err == nil || ceph.Errno(err) != ceph.EBUSY {
 		return nil, err
+	}
+	children, cerr := cl.Children(ctx, r.cephImage(), snap)
+	if cerr != nil {
+		return nil, cerr
 	}
 	var busy []string
 	for _, ch := range children {
-		child := location{cluster: l.cluster, pool: ch.Pool, namespace: ch.Namespace}.ref(ch.Image)
+		child := location{cluster: r.cluster, pool: ch.Pool, namespace: ch.Namespace}.ref(ch.Image)
 		if ch.Trash {
 			// A deleted clone: it goes with its trash entry.
 			busy = append(busy, child.spec()+" (deleted, being removed)")
 			continue
 		}
 		if err := s.flattenInBackground(ctx, child); err != nil {
-			return nil, fmt.Errorf("flatten %s, a clone of %s: %w", child.spec(), at, err)
+			return nil, fmt.Errorf("flatten %s, a clone of %s: %w", child.spec(), r.at(snap), err)
 		}
 		busy = append(busy, child.spec())
 	}
@@ -182,26 +186,28 @@ func (s *Store) unprotect(ctx context.Context, l location, at string) ([]string,
 // (a temporary image of a failed create: a fresh clone or an empty image)
 // with its snapshots, at once.
 func (s *Store) removeNow(ctx context.Context, r ref) error {
-	k := s.on(r.location)
-	var snaps []rbdSnap
-	if err := k.rbdJSON(ctx, &snaps, "snap", "ls", r.spec()); err != nil {
-		if errdefs.KindOf(err) == errdefs.ErrNotFound {
-			return nil
-		}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	snaps, err := s.userSnapshots(ctx, r)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	for _, sn := range snaps {
-		at := r.at(sn.Name)
-		if sn.Protected == "true" {
-			if _, err := k.rbd(ctx, "snap", "unprotect", at); err != nil && !strings.Contains(command.Stderr(err), "not protected") {
+		if sn.Protected {
+			if err := cl.UnprotectSnapshot(ctx, r.cephImage(), sn.Name); err != nil {
 				return err
 			}
 		}
-		if _, err := k.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		if err := cl.RemoveSnapshot(ctx, r.cephImage(), sn.Name); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 			return err
 		}
 	}
-	if _, err := k.rbd(ctx, "rm", "--no-progress", r.spec()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+	if err := cl.RemoveImage(ctx, r.cephImage()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return err
 	}
 	return nil
@@ -217,22 +223,24 @@ const trashedObject = "spindle.trashed"
 // registerTrashed records that the image id (named name) is Spindle's,
 // before it moves to the trash.
 func (s *Store) registerTrashed(ctx context.Context, l location, id, name string) error {
-	args := append(poolArgs(l), "setomapval", trashedObject, id, name)
-	if _, err := s.on(l).cli(ctx, "rados", args...); err != nil {
+	cl, err := s.client(ctx, l)
+	if err == nil {
+		err = cl.SetOmap(ctx, l.cephPool(), trashedObject, map[string][]byte{id: []byte(name)})
+	}
+	if err != nil {
 		return fmt.Errorf("record %s (%s) as Spindle's before it goes to the trash: %w", l.ref(name).spec(), id, err)
 	}
 	return nil
 }
 
 // registeredTrashed lists the IDs registerTrashed recorded in l.
-func (s *Store) registeredTrashed(ctx context.Context, l location) (map[string]bool, error) {
-	out, err := s.on(l).cli(ctx, "rados", append(poolArgs(l), "listomapkeys", trashedObject)...)
-	// No such object: nothing was recorded (rados exits 1 whatever failed).
-	if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound && !strings.Contains(command.Stderr(err), "No such file or directory") {
+func (s *Store) registeredTrashed(ctx context.Context, cl ceph.Client, l location) (map[string]bool, error) {
+	keys, err := cl.OmapKeys(ctx, l.cephPool(), trashedObject)
+	if err != nil {
 		return nil, err
 	}
 	ids := map[string]bool{}
-	for _, id := range strings.Fields(string(out)) {
+	for _, id := range keys {
 		ids[id] = true
 	}
 	return ids, nil
@@ -243,11 +251,15 @@ func (s *Store) registeredTrashed(ctx context.Context, l location) (map[string]b
 // csi-clone- snapshots that clones made by earlier versions left once
 // those clones are gone. It returns what it queued or removed.
 func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
-	var entries []rbdTrashEntry
-	if err := s.on(l).rbdJSON(ctx, &entries, "trash", "ls", l.poolSpec()); err != nil {
+	cl, err := s.client(ctx, l)
+	if err != nil {
 		return nil, err
 	}
-	registered, err := s.registeredTrashed(ctx, l)
+	entries, err := cl.Trash(ctx, l.cephPool())
+	if err != nil {
+		return nil, err
+	}
+	registered, err := s.registeredTrashed(ctx, cl, l)
 	if err != nil {
 		return nil, err
 	}
@@ -259,8 +271,8 @@ func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 		if !isSpindleImage(e.Name) && !registered[e.ID] {
 			continue
 		}
-		var snaps []rbdSnap
-		if err := s.on(l).rbdJSON(ctx, &snaps, append([]string{"snap", "ls", "--all", "--image-id", e.ID}, poolArgs(l)...)...); err != nil {
+		snaps, err := cl.SnapshotsOfID(ctx, l.cephPool(), e.ID)
+		if err != nil {
 			if errdefs.KindOf(err) != errdefs.ErrNotFound {
 				errs = append(errs, err)
 			}
@@ -276,12 +288,16 @@ func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 		changed = append(changed, "removing trashed image "+l.ref(e.Name).spec()+" ("+e.ID+")")
 	}
 	// The records of images that left the trash (removed) go too.
+	var gone []string
 	for id := range registered {
-		if inTrash[id] {
-			continue
+		if !inTrash[id] {
+			gone = append(gone, id)
 		}
-		if _, err := s.on(l).cli(ctx, "rados", append(poolArgs(l), "rmomapkey", trashedObject, id)...); err != nil {
-			errs = append(errs, fmt.Errorf("forget removed image %s in %s: %w", id, l, err))
+	}
+	if len(gone) > 0 {
+		slices.Sort(gone)
+		if err := cl.RemoveOmapKeys(ctx, l.cephPool(), trashedObject, gone); err != nil {
+			errs = append(errs, fmt.Errorf("forget removed images %s in %s: %w", strings.Join(gone, ", "), l, err))
 		}
 	}
 	dropped, err := s.dropLegacyCloneSnapshots(ctx, l)
@@ -294,60 +310,53 @@ func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 // snapshot and its clone (older than LeftoverAge, so that a Create still
 // running keeps its own).
 func (s *Store) dropLegacyCloneSnapshots(ctx context.Context, l location) ([]string, error) {
-	all, err := s.listAll(ctx, l)
+	cl, err := s.client(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	k := s.on(l)
+	names, err := cl.ListImages(ctx, l.cephPool())
+	if err != nil {
+		return nil, err
+	}
 	var dropped []string
 	var errs []error
-	for _, e := range all {
-		if !strings.HasPrefix(e.Snapshot, cloneSnapPrefix) || !strings.HasPrefix(e.Image, volumePrefix) {
+	for _, name := range names {
+		if !strings.HasPrefix(name, volumePrefix) {
 			continue
 		}
-		at := l.ref(e.Image).at(e.Snapshot)
-		var children []rbdChild
-		if err := k.rbdJSON(ctx, &children, "children", "--all", at); err != nil {
+		r := l.ref(name)
+		snaps, err := s.userSnapshots(ctx, r)
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue
+		}
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if len(children) > 0 {
-			continue
-		}
-		if e.Protected != "true" {
-			var snaps []rbdSnapTime
-			if err := k.rbdJSON(ctx, &snaps, "snap", "ls", l.ref(e.Image).spec()); err != nil {
+		for _, sn := range snaps {
+			if !strings.HasPrefix(sn.Name, cloneSnapPrefix) {
+				continue
+			}
+			children, err := cl.Children(ctx, r.cephImage(), sn.Name)
+			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			if !s.olderThanLeftoverAge(snaps, e.Snapshot) {
+			if len(children) > 0 || (!sn.Protected && s.clock().Sub(sn.Created) < LeftoverAge) {
 				continue
 			}
-		}
-		if e.Protected == "true" {
-			if _, err := s.unprotect(ctx, l, at); err != nil {
+			if sn.Protected {
+				if _, err := s.unprotect(ctx, r, sn.Name); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
+			if err := cl.RemoveSnapshot(ctx, r.cephImage(), sn.Name); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 				errs = append(errs, err)
 				continue
 			}
+			dropped = append(dropped, "removed snapshot "+r.at(sn.Name)+" that no clone uses any more")
 		}
-		if _, err := k.rbd(ctx, "snap", "rm", "--no-progress", at); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
-			errs = append(errs, err)
-			continue
-		}
-		dropped = append(dropped, "removed snapshot "+at+" that no clone uses any more")
 	}
 	return dropped, errors.Join(errs...)
-}
-
-// olderThanLeftoverAge reports whether the snapshot named name is older
-// than LeftoverAge by the cluster's timestamp.
-func (s *Store) olderThanLeftoverAge(snaps []rbdSnapTime, name string) bool {
-	for _, sn := range snaps {
-		if sn.Name != name {
-			continue
-		}
-		at, err := parseRBDTime(sn.Timestamp)
-		return err == nil && s.clock().Sub(at) >= LeftoverAge
-	}
-	return false
 }

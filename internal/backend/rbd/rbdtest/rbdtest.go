@@ -1,9 +1,13 @@
+//go:build cgo && ceph
+
 // Package rbdtest starts one real, throw-away Ceph cluster per test binary
-// (hack/ceph-up.sh: 1 mon, 1 mgr, 1 memstore OSD on 127.0.0.1, ports of
-// its own, everything under one temporary directory) and stops it when the
-// binary's tests end. Tests that need it call Require, which skips them,
-// saying exactly why, when the cluster could not start (Ceph not
-// installed, not root, a daemon that did not come up).
+// (cephtest.Start: hack/ceph-up.sh's 1 mon, 1 mgr, 1 memstore OSD on
+// 127.0.0.1, ports of its own, everything under one temporary directory)
+// and stops it when the binary's tests end, and reads and writes images
+// for the tests through librbd. Its tests run inside a Ceph root (the
+// Makefile runs them through hack/ceph/run, with the build tag "ceph");
+// tests that need the cluster call Require, which skips them, saying
+// exactly why, when it could not start.
 //
 //	func TestMain(m *testing.M) { os.Exit(rbdtest.Main(m)) }
 package rbdtest
@@ -17,21 +21,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ceph/go-ceph/rados"
+	"github.com/ceph/go-ceph/rbd"
+
+	"github.com/spindle-csi/spindle/internal/ceph"
+	"github.com/spindle-csi/spindle/internal/ceph/cephtest"
+	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-// Pool is the pool every test cluster has.
-const Pool = "spindle-test"
+// Pool is the pool every test cluster has (and cephtest.OtherPool).
+const Pool = cephtest.Pool
 
 // OSDBytes is the size of the test cluster's memstore OSD: room for the
 // GiBs of real data the snapshot tests write (memstore holds only what is
@@ -40,23 +45,10 @@ const OSDBytes = 6 << 30
 
 // Cluster is the running test cluster.
 type Cluster struct {
-	Dir     string // everything of the cluster
-	Conf    string // its ceph.conf (mon host, admin keyring)
-	Monitor string // "127.0.0.1:<msgr2 port>"
-	// MonitorV1 is the same monitor's msgr1 address ("v1:127.0.0.1:<port>"):
-	// another address of the same Ceph, for the tests that move a monitor.
-	// Empty for an EnvCephDir cluster.
-	MonitorV1 string
-	Pool      string
-	User      string // "admin"
-	Key       string // client.admin's key, for CSI secrets
-	KeyFile   string // a 0600 file holding Key
-	HackDir   string // the repository's hack/
-	Mounter   string // how the tests map images (EnvMounter)
-	external  bool   // EnvCephDir's cluster: not started or stopped here
-	StartUp   time.Duration
-	stopped   bool
-	upOutput  string
+	*cephtest.Cluster
+	Mounter string // how the tests map images (EnvMounter)
+	once    sync.Once
+	dialer  ceph.Dialer
 }
 
 var (
@@ -72,11 +64,11 @@ func Main(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "rbdtest: Ceph tests will be skipped: %s\n", skipReason)
 	} else {
 		current = c
-		fmt.Fprintf(os.Stderr, "rbdtest: Ceph cluster up in %s (mon %s, dir %s)\n", c.StartUp.Round(time.Millisecond), c.Monitor, c.Dir)
+		fmt.Fprintf(os.Stderr, "rbdtest: Ceph %s up in %s (mon %s, dir %s); client of the root %s\n", c.Release, c.StartUp.Round(time.Millisecond), c.Monitor, c.Dir, c.ClientRelease)
 	}
 	code := m.Run()
 	if c != nil {
-		c.stop()
+		c.Stop()
 	}
 	return code
 }
@@ -93,38 +85,7 @@ func Require(t testing.TB) *Cluster {
 	return current
 }
 
-// repoRoot finds the directory holding go.mod above the working directory.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func start() (*Cluster, error) {
-	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("not root: the RBD tests map images (run `sudo make test`)")
-	}
 	mounter, err := mounterFromEnv()
 	if err != nil {
 		return nil, err
@@ -132,222 +93,100 @@ func start() (*Cluster, error) {
 	if err := requireMounter(mounter); err != nil {
 		return nil, err
 	}
-	if dir := os.Getenv(EnvCephDir); dir != "" {
-		return external(dir, mounter)
-	}
-	var missing []string
-	for _, p := range []string{"ceph-mon", "ceph-mgr", "ceph-osd", "ceph", "rbd", "ceph-authtool", "monmaptool", "uuidgen"} {
-		if _, err := exec.LookPath(p); err != nil {
-			missing = append(missing, p)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("missing %s: run hack/install-deps.sh (Debian packages ceph-mon ceph-mgr ceph-osd ceph-common rbd-fuse)", strings.Join(missing, ", "))
-	}
-	root, err := repoRoot()
+	c, err := cephtest.Start(OSDBytes)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "spindle-ceph-")
-	if err != nil {
-		return nil, err
-	}
-	c := &Cluster{Dir: filepath.Join(dir, "cluster"), Pool: Pool, User: "admin", HackDir: filepath.Join(root, "hack"), Mounter: mounter}
-	c.Conf = filepath.Join(c.Dir, "ceph.conf")
-	var v2, v1 int
-	if v2, err = freePort(); err == nil {
-		v1, err = freePort()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("pick monitor ports: %w", err)
-	}
-	c.Monitor = "127.0.0.1:" + strconv.Itoa(v2)
-	c.MonitorV1 = "v1:127.0.0.1:" + strconv.Itoa(v1)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(c.HackDir, "ceph-up.sh"), c.Dir, c.Pool)
-	cmd.Env = append(os.Environ(), "MON_PORT="+strconv.Itoa(v2), "MON_V1_PORT="+strconv.Itoa(v1), "OSD_BYTES="+strconv.FormatInt(OSDBytes, 10), "LC_ALL=C")
-	t0 := time.Now()
-	out, err := cmd.CombinedOutput()
-	c.StartUp = time.Since(t0)
-	c.upOutput = string(out)
-	if err != nil {
-		c.stop()
-		return nil, fmt.Errorf("hack/ceph-up.sh failed after %s: %v:\n%s", c.StartUp.Round(time.Millisecond), err, tail(string(out), 2000))
-	}
-	if err := c.stopOnExit(); err != nil {
-		c.stop()
-		return nil, fmt.Errorf("start the cluster's watchdog: %v", err)
-	}
-	key, err := exec.CommandContext(ctx, "ceph-authtool", "-p", "-n", "client.admin", filepath.Join(c.Dir, "ceph.client.admin.keyring")).Output()
-	if err != nil {
-		c.stop()
-		return nil, fmt.Errorf("read the admin key: %v", err)
-	}
-	c.Key = strings.TrimSpace(string(key))
-	c.KeyFile = filepath.Join(dir, "admin.key")
-	if err := os.WriteFile(c.KeyFile, []byte(c.Key), 0o600); err != nil {
-		c.stop()
-		return nil, err
-	}
-	return c, nil
+	return &Cluster{Cluster: c, Mounter: mounter}, nil
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
+// client is a Ceph client of the cluster as its admin (the real one,
+// through librados and librbd), for the tests' own listings and cleanup.
+func (c *Cluster) client(ctx context.Context) (ceph.Client, error) {
+	c.once.Do(func() { c.dialer = ceph.NewDialer() })
+	return c.dialer.Dial(ctx, c.Target())
 }
 
-// stopOnExit starts a watchdog, in a session of its own, that runs
-// ceph-down.sh once this test process is gone and the cluster's directory
-// is still there: a `go test -timeout` panic skips every cleanup and left
-// the mon, mgr and OSD running. It lives as long as the test process, so
-// it has no deadline; its output goes nowhere, so go test does not wait
-// for it.
-func (c *Cluster) stopOnExit() error {
-	const script = `while kill -0 "$1" 2>/dev/null; do sleep 2; done; [ -d "$2" ] || exit 0; LC_ALL=C timeout 60 "$3" "$2"; rm -rf "$4"`
-	cmd := exec.Command("sh", "-c", script, "rbdtest-watchdog", strconv.Itoa(os.Getpid()), c.Dir, filepath.Join(c.HackDir, "ceph-down.sh"), filepath.Dir(c.Dir))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	return cmd.Process.Release()
-}
+func (c *Cluster) pool() ceph.PoolSpec { return ceph.PoolSpec{Pool: c.Pool} }
 
-func (c *Cluster) stop() {
-	if c.stopped || c.external {
-		return
-	}
-	c.stopped = true
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, filepath.Join(c.HackDir, "ceph-down.sh"), c.Dir).CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rbdtest: ceph-down.sh: %v: %s\n", err, out)
-		return
-	}
-	_ = os.RemoveAll(filepath.Dir(c.Dir))
-}
-
-// Secrets are the CSI secrets for the cluster's admin user.
-func (c *Cluster) Secrets() map[string]string {
-	return map[string]string{"userID": c.User, "userKey": c.Key}
-}
-
-// RBD runs the rbd CLI as admin on the test pool's cluster.
-func (c *Cluster) RBD(ctx context.Context, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "rbd", append(args, "-c", c.Conf)...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("rbd %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
-}
-
-// Ceph runs the ceph CLI as admin.
-func (c *Cluster) Ceph(ctx context.Context, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ceph", append(args, "-c", c.Conf)...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("ceph %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return out, nil
-}
-
-// Listed is one entry of "rbd ls -l".
-type Listed struct {
-	Image    string `json:"image"`
-	Snapshot string `json:"snapshot,omitempty"`
-	Size     int64  `json:"size"`
-}
-
-// List lists the pool's images and snapshots.
-func (c *Cluster) List(ctx context.Context) ([]Listed, error) {
-	out, err := c.RBD(ctx, "ls", "-l", "--format", "json", c.Pool)
-	if err != nil {
-		return nil, err
-	}
-	var l []Listed
-	return l, json.Unmarshal(out, &l)
-}
-
-// Artifacts lists every image and snapshot of the pool ("image",
+// Artifacts lists every image and user snapshot of the pool ("image",
 // "image@snap"), for the conformance suite's leftover checks.
 func (c *Cluster) Artifacts(ctx context.Context) ([]string, error) {
-	l, err := c.List(ctx)
+	cl, err := c.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names, err := cl.ListImages(ctx, c.pool())
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, e := range l {
-		if e.Snapshot != "" {
-			out = append(out, e.Image+"@"+e.Snapshot)
-		} else {
-			out = append(out, e.Image)
+	for _, n := range names {
+		out = append(out, n)
+		snaps, err := cl.Snapshots(ctx, c.pool().Image(n))
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range snaps {
+			if s.Namespace == ceph.SnapUser {
+				out = append(out, n+"@"+s.Name)
+			}
 		}
 	}
 	return out, nil
 }
 
 // Wipe removes every image of the pool and its trash, whatever state they
-// are in, in passes: each pass breaks locks, unprotects and purges
+// are in, in passes: each pass breaks locks, unprotects and removes
 // snapshots and removes every image and trash entry that no clone hangs
 // from any more, so clones go before their parents (nothing is flattened:
 // that would copy the data).
 func (c *Cluster) Wipe(ctx context.Context) error {
+	cl, err := c.client(ctx)
+	if err != nil {
+		return err
+	}
+	p := c.pool()
 	stuck := 0
 	for {
-		l, err := c.List(ctx)
+		names, err := cl.ListImages(ctx, p)
 		if err != nil {
 			return err
 		}
-		trash, err := c.Trash(ctx)
+		trash, err := cl.Trash(ctx, p)
 		if err != nil {
 			return err
 		}
-		var images []string
-		for _, e := range l {
-			if e.Snapshot == "" {
-				images = append(images, e.Image)
-			} else {
-				_, _ = c.RBD(ctx, "snap", "unprotect", c.Pool+"/"+e.Image+"@"+e.Snapshot)
-			}
-		}
-		if len(images)+len(trash) == 0 {
+		if len(names)+len(trash) == 0 {
 			return nil
 		}
 		var errs []error
-		for _, img := range images {
-			spec := c.Pool + "/" + img
-			if out, err := c.RBD(ctx, "lock", "ls", "--format", "json", spec); err == nil {
-				var locks []struct{ ID, Locker string }
-				_ = json.Unmarshal(out, &locks)
-				for _, l := range locks {
-					_, _ = c.RBD(ctx, "lock", "rm", spec, l.ID, l.Locker)
+		for _, n := range names {
+			img := p.Image(n)
+			locks, _ := cl.Locks(ctx, img)
+			for _, l := range locks {
+				_ = cl.BreakLock(ctx, img, l)
+			}
+			snaps, _ := cl.Snapshots(ctx, img)
+			for _, s := range snaps {
+				if s.Namespace == ceph.SnapUser {
+					_ = cl.UnprotectSnapshot(ctx, img, s.Name)
+					_ = cl.RemoveSnapshot(ctx, img, s.Name)
 				}
 			}
-			_, _ = c.RBD(ctx, "snap", "purge", spec)
-			if _, err := c.RBD(ctx, "rm", spec); err != nil {
+			if err := cl.RemoveImage(ctx, img); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 				errs = append(errs, err)
 			}
 		}
 		for _, e := range trash {
-			if _, err := c.RBD(ctx, "trash", "rm", "--force", c.Pool+"/"+e.ID); err != nil && !strings.Contains(err.Error(), "No such file") {
+			if err := cl.TrashRemove(ctx, p, e.ID); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 				errs = append(errs, err)
 			}
 		}
-		if len(errs) < len(images)+len(trash) {
+		if len(errs) < len(names)+len(trash) {
 			stuck = 0
 			continue
 		}
@@ -360,92 +199,64 @@ func (c *Cluster) Wipe(ctx context.Context) error {
 	}
 }
 
-// TrashEntry is one entry of "rbd trash ls".
-type TrashEntry struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-}
-
 // Trash lists the pool's trash.
-func (c *Cluster) Trash(ctx context.Context) ([]TrashEntry, error) {
-	out, err := c.RBD(ctx, "trash", "ls", "--format", "json", c.Pool)
+func (c *Cluster) Trash(ctx context.Context) ([]ceph.TrashEntry, error) {
+	cl, err := c.client(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var l []TrashEntry
-	return l, json.Unmarshal(out, &l)
+	return cl.Trash(ctx, c.pool())
 }
 
 // Everything lists every image of the pool with all its snapshots, in any
-// namespace ("image@snap", "image@<trash>original-name"), and every trash
-// entry ("trash:name"): what a pool that Spindle emptied must not hold.
+// namespace ("image@snap", "image@<trash>"), and every trash entry
+// ("trash:name"): what a pool that Spindle emptied must not hold.
 func (c *Cluster) Everything(ctx context.Context) ([]string, error) {
-	l, err := c.List(ctx)
+	cl, err := c.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := c.pool()
+	names, err := cl.ListImages(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, e := range l {
-		if e.Snapshot != "" {
-			continue
+	add := func(name string, snaps []ceph.SnapInfo) {
+		out = append(out, name)
+		for _, s := range snaps {
+			if s.Namespace == ceph.SnapUser {
+				out = append(out, name+"@"+s.Name)
+			} else {
+				out = append(out, name+"@<"+string(s.Namespace)+">")
+			}
 		}
-		out = append(out, e.Image)
-		snaps, err := c.allSnapshots(ctx, "--image", e.Image)
+	}
+	for _, n := range names {
+		snaps, err := cl.Snapshots(ctx, p.Image(n))
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue // removed meanwhile
+		}
 		if err != nil {
 			return nil, err
 		}
-		for _, s := range snaps {
-			out = append(out, e.Image+"@"+s)
-		}
+		add(n, snaps)
 	}
-	trash, err := c.Trash(ctx)
+	trash, err := cl.Trash(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	for _, e := range trash {
-		out = append(out, "trash:"+e.Name)
-		snaps, err := c.allSnapshots(ctx, "--image-id", e.ID)
+		snaps, err := cl.SnapshotsOfID(ctx, p, e.ID)
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
-		for _, s := range snaps {
-			out = append(out, "trash:"+e.Name+"@"+s)
-		}
+		add("trash:"+e.Name, snaps)
 	}
 	return out, nil
-}
-
-// allSnapshots lists an image's snapshots in every namespace.
-func (c *Cluster) allSnapshots(ctx context.Context, which, image string) ([]string, error) {
-	out, err := c.RBD(ctx, "snap", "ls", "--all", "--format", "json", "--pool", c.Pool, which, image)
-	if err != nil {
-		if strings.Contains(err.Error(), "No such file") {
-			return nil, nil // removed meanwhile
-		}
-		return nil, err
-	}
-	var snaps []struct {
-		Name      string `json:"name"`
-		Namespace struct {
-			Type         string `json:"type"`
-			OriginalName string `json:"original_name"`
-		} `json:"namespace"`
-	}
-	if err := json.Unmarshal(out, &snaps); err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, s := range snaps {
-		switch s.Namespace.Type {
-		case "", "user":
-			names = append(names, s.Name)
-		case "trash":
-			names = append(names, "<trash>"+s.Namespace.OriginalName)
-		default:
-			names = append(names, "<"+s.Namespace.Type+">"+s.Name)
-		}
-	}
-	return names, nil
 }
 
 // PoolStored is the pool's "stored" bytes in "ceph df" (user data, before
@@ -509,48 +320,56 @@ func (c *Cluster) PoolUsed(ctx context.Context) (int64, error) {
 	return du.TotalUsedSize, nil
 }
 
-// ReadImage reads n bytes at off of pool/image ("rbd export" of the
-// image to a pipe; test images are small).
-func (c *Cluster) ReadImage(ctx context.Context, image string, off int64, n int) ([]byte, error) {
-	out, err := c.RBD(ctx, "export", c.Pool+"/"+image, "-")
-	if err != nil {
-		return nil, err
-	}
-	if off+int64(n) > int64(len(out)) {
-		return nil, fmt.Errorf("image %s has %d bytes; cannot read %d at %d", image, len(out), n, off)
-	}
-	return out[off : off+int64(n)], nil
-}
-
-// WriteImage writes data at off of pool/image through a private rbd-fuse
-// mount, synced, then unmounted (and waited for, so its watch is gone).
-func (c *Cluster) WriteImage(ctx context.Context, image string, off int64, data []byte) error {
-	dir, err := os.MkdirTemp("", "spindle-rbdtest-fuse-")
+// image opens pool/image for fn through librbd, as the cluster's admin
+// (a connection of its own, closed again: its watch goes with it).
+func (c *Cluster) image(name string, fn func(*rbd.Image) error) error {
+	conn, err := rados.NewConnWithUser(c.User)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(dir)
-	cmd := exec.CommandContext(ctx, "rbd-fuse", "-c", c.Conf, "-p", c.Pool, "-r", image, dir)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("rbd-fuse %s: %v: %s", image, err, out)
+	if err := conn.ReadConfigFile(c.Conf); err != nil {
+		return err
 	}
-	werr := func() error {
-		f, err := os.OpenFile(filepath.Join(dir, image), os.O_WRONLY, 0)
-		if err != nil {
+	if err := conn.Connect(); err != nil {
+		return err
+	}
+	defer conn.Shutdown()
+	io, err := conn.OpenIOContext(c.Pool)
+	if err != nil {
+		return err
+	}
+	defer io.Destroy()
+	img, err := rbd.OpenImage(io, name, rbd.NoSnapshot)
+	if err != nil {
+		return fmt.Errorf("open %s/%s: %w", c.Pool, name, err)
+	}
+	defer img.Close()
+	return fn(img)
+}
+
+// ReadImage reads n bytes at off of pool/image.
+func (c *Cluster) ReadImage(_ context.Context, image string, off int64, n int) ([]byte, error) {
+	buf := make([]byte, n)
+	err := c.image(image, func(img *rbd.Image) error {
+		got, err := img.ReadAt(buf, off)
+		if err == nil && got != n {
+			err = fmt.Errorf("read %d of %d bytes at %d", got, n, off)
+		}
+		return err
+	})
+	return buf, err
+}
+
+// WriteImage writes data at off of pool/image, flushed.
+func (c *Cluster) WriteImage(ctx context.Context, image string, off int64, data []byte) error {
+	err := c.image(image, func(img *rbd.Image) error {
+		if _, err := img.WriteAt(data, off); err != nil {
 			return err
 		}
-		defer f.Close()
-		if _, err := f.WriteAt(data, off); err != nil {
-			return err
-		}
-		return f.Sync()
-	}()
-	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-		return fmt.Errorf("umount %s: %v: %s", dir, err, out)
-	}
-	if werr != nil {
-		return werr
+		return img.Flush()
+	})
+	if err != nil {
+		return err
 	}
 	return c.AwaitNoWatchers(ctx, image, 15*time.Second)
 }
@@ -574,10 +393,10 @@ func (c *Cluster) AwaitNoWatchers(ctx context.Context, image string, within time
 }
 
 // DriverConfig is a driver --config with one rbd instance, rbd/ceph-test,
-// on the cluster, mapping with the run's mounter (rbd-fuse under fuseDir by default). userID and keyFile
-// serve the RPCs that CSI sends without secrets (ListVolumes, GetCapacity,
-// ControllerGetVolume, Probe); calls that carry the secrets userID/userKey
-// use those.
+// on the cluster, mapping with the run's mounter (rbd-fuse under fuseDir
+// by default). userID and keyFile serve the RPCs that CSI sends without
+// secrets (ListVolumes, GetCapacity, ControllerGetVolume, Probe); calls
+// that carry the secrets userID/userKey use those.
 func (c *Cluster) DriverConfig(fuseDir string) string {
 	return fmt.Sprintf(`defaultBackend: rbd/ceph-test
 backends:
@@ -592,50 +411,32 @@ backends:
       mounter: %s
       fuseDir: %s
       nodeRegistry: true
-`, c.Monitor, c.Pool, c.User, c.KeyFile, c.Mounter, fuseDir)
+`, "v2:"+c.Monitor, c.Pool, c.User, c.KeyFile, c.Mounter, fuseDir)
 }
 
 // WriteRandom fills the first n bytes of pool/image with data from a
 // generator seeded by seed (every 4 MiB object different, so a copy that
-// misplaces or drops one cannot match), through a private rbd-fuse mount,
-// synced, then unmounted. It returns the SHA-256 of what it wrote.
+// misplaces or drops one cannot match), flushed. It returns the SHA-256
+// of what it wrote.
 func (c *Cluster) WriteRandom(ctx context.Context, image string, n int64, seed uint64) (string, error) {
-	dir, err := os.MkdirTemp("", "spindle-rbdtest-fuse-")
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(dir)
-	cmd := exec.CommandContext(ctx, "rbd-fuse", "-c", c.Conf, "-p", c.Pool, "-r", image, dir)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("rbd-fuse %s: %v: %s", image, err, out)
-	}
-	sum, werr := func() (string, error) {
-		f, err := os.OpenFile(filepath.Join(dir, image), os.O_WRONLY, 0)
-		if err != nil {
-			return "", err
-		}
-		defer f.Close()
-		h := sha256.New()
+	h := sha256.New()
+	err := c.image(image, func(img *rbd.Image) error {
 		gen := rand.NewChaCha8(seedOf(seed))
 		buf := make([]byte, 4<<20)
 		for off := int64(0); off < n; off += int64(len(buf)) {
 			chunk := buf[:min(int64(len(buf)), n-off)]
 			_, _ = gen.Read(chunk)
-			if _, err := f.WriteAt(chunk, off); err != nil {
-				return "", err
+			if _, err := img.WriteAt(chunk, off); err != nil {
+				return err
 			}
 			h.Write(chunk)
 		}
-		return hex.EncodeToString(h.Sum(nil)), f.Sync()
-	}()
-	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("umount %s: %v: %s", dir, err, out)
+		return img.Flush()
+	})
+	if err != nil {
+		return "", err
 	}
-	if werr != nil {
-		return "", werr
-	}
-	return sum, c.AwaitNoWatchers(ctx, image, 15*time.Second)
+	return hex.EncodeToString(h.Sum(nil)), c.AwaitNoWatchers(ctx, image, 15*time.Second)
 }
 
 func seedOf(seed uint64) [32]byte {
@@ -644,28 +445,26 @@ func seedOf(seed uint64) [32]byte {
 	return s
 }
 
-// Checksum is the SHA-256 of the first n bytes of pool/image, read with
-// "rbd export" into a pipe (nothing of it is kept in memory).
-func (c *Cluster) Checksum(ctx context.Context, image string, n int64) (string, error) {
-	cmd := exec.CommandContext(ctx, "rbd", "export", "--no-progress", c.Pool+"/"+image, "-", "-c", c.Conf)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
+// Checksum is the SHA-256 of the first n bytes of pool/image.
+func (c *Cluster) Checksum(_ context.Context, image string, n int64) (string, error) {
+	h := sha256.New()
+	err := c.image(image, func(img *rbd.Image) error {
+		buf := make([]byte, 4<<20)
+		for off := int64(0); off < n; off += int64(len(buf)) {
+			chunk := buf[:min(int64(len(buf)), n-off)]
+			got, err := img.ReadAt(chunk, off)
+			if err != nil {
+				return err
+			}
+			if got != len(chunk) {
+				return fmt.Errorf("image %s: read %d of %d bytes at %d", image, got, len(chunk), off)
+			}
+			h.Write(chunk)
+		}
+		return nil
+	})
 	if err != nil {
 		return "", err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	h := sha256.New()
-	_, cerr := io.CopyN(h, out, n)
-	_, _ = io.Copy(io.Discard, out)
-	if err := cmd.Wait(); err != nil {
-		return "", fmt.Errorf("rbd export %s: %v: %s", image, err, strings.TrimSpace(stderr.String()))
-	}
-	if cerr != nil {
-		return "", fmt.Errorf("rbd export %s: read %d bytes: %w", image, n, cerr)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
