@@ -7,8 +7,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/opsapi"
 )
 
@@ -62,7 +62,7 @@ func (d *Driver) adopt(ctx context.Context, r opsapi.AdoptRequest) (*opsapi.Adop
 		if fsType == "" {
 			fsType = params.fsType
 		}
-		fs, err := node.LookupFilesystem(fsType)
+		fs, err := blockdev.LookupFilesystem(fsType)
 		if err != nil {
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "fsType")
 		}

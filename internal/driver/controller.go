@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
@@ -143,7 +143,7 @@ func volumeSpec(req *csi.CreateVolumeRequest, c capability, params volumeParamet
 		if spec.FsType == "" && source != nil {
 			spec.FsType = source.fsType // a copy keeps the filesystem it holds
 		}
-		fs, err := node.LookupFilesystem(spec.FsType)
+		fs, err := blockdev.LookupFilesystem(spec.FsType)
 		if err != nil {
 			return spec, err
 		}
@@ -151,7 +151,7 @@ func volumeSpec(req *csi.CreateVolumeRequest, c capability, params volumeParamet
 	}
 	if params.encrypted {
 		// The filesystem lives on the dm-crypt mapping, after the LUKS2 header.
-		minBytes += node.LUKSHeaderBytes
+		minBytes += blockdev.LUKSHeaderBytes
 	}
 	capacity := req.GetCapacityRange()
 	if source != nil {

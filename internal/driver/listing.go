@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
@@ -169,7 +169,7 @@ func (s *controllerService) GetCapacity(ctx context.Context, req *csi.GetCapacit
 			return &csi.GetCapacityResponse{}, nil
 		}
 		if c.accessType == backend.AccessMount {
-			if fs, err := node.LookupFilesystem(c.fsType); err == nil && fs.MinBytes > minBytes {
+			if fs, err := blockdev.LookupFilesystem(c.fsType); err == nil && fs.MinBytes > minBytes {
 				minBytes = fs.MinBytes
 			}
 		}

@@ -10,9 +10,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
@@ -138,7 +138,7 @@ func parseCapability(field string, c *csi.VolumeCapability) (capability, error) 
 		cp.accessType = backend.AccessMount
 		cp.fsType = t.Mount.GetFsType()
 		if cp.fsType != "" {
-			if _, err := node.LookupFilesystem(cp.fsType); err != nil {
+			if _, err := blockdev.LookupFilesystem(cp.fsType); err != nil {
 				return capability{}, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "%s.mount.fs_type", field)
 			}
 		}
@@ -238,7 +238,7 @@ func (d *Driver) parseParameters(params map[string]string) (volumeParameters, er
 			}
 		case k == paramFsType:
 			if v != "" {
-				if _, err := node.LookupFilesystem(v); err != nil {
+				if _, err := blockdev.LookupFilesystem(v); err != nil {
 					return volumeParameters{}, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "parameters.%s", k)
 				}
 			}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+
+	"github.com/spindle-csi/spindle/internal/blockdev"
 )
 
 // Host is everything the node side touches on the machine: the paths kubelet
@@ -62,11 +64,11 @@ type Host interface {
 	// a mounted filesystem, a device mapper, an O_EXCL open.
 	DeviceHeld(path string) (bool, error)
 
-	// Probe asks blkid what dev holds (see LinuxHost.Probe for the rules).
-	Probe(ctx context.Context, dev string) (Signature, error)
+	// Probe asks blkid what dev holds (see blockdev.Blkid.Probe for the rules).
+	Probe(ctx context.Context, dev string) (blockdev.Signature, error)
 	// Mkfs creates fs on dev with the filesystem's own arguments and then
 	// options; it is never cut short once started.
-	Mkfs(ctx context.Context, fs Filesystem, options []string, dev string) error
+	Mkfs(ctx context.Context, fs blockdev.Filesystem, options []string, dev string) error
 	// FilesystemSize returns the bytes the fsType filesystem on dev spans.
 	FilesystemSize(ctx context.Context, dev, fsType string) (int64, error)
 	// GrowFilesystem grows the fsType filesystem on dev to fill the

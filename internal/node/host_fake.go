@@ -625,31 +625,31 @@ func (f *FakeHost) DeviceHeld(path string) (bool, error) {
 	return false, nil
 }
 
-func (f *FakeHost) Probe(_ context.Context, dev string) (Signature, error) {
+func (f *FakeHost) Probe(_ context.Context, dev string) (blockdev.Signature, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("probe " + dev); err != nil {
-		return Signature{}, err
+		return blockdev.Signature{}, err
 	}
 	d, ok := f.device(dev)
 	if !ok {
 		// blkid exits 2, silently, for a path that is no device.
-		return Signature{}, nil
+		return blockdev.Signature{}, nil
 	}
 	if fs := f.filesystems[d.Identity]; fs != nil {
 		if fs.fsType == "gpt" {
-			return Signature{PTType: "gpt"}, nil
+			return blockdev.Signature{PTType: "gpt"}, nil
 		}
 		usage := "filesystem"
 		if fs.fsType == "crypto_LUKS" {
 			usage = "crypto"
 		}
-		return Signature{Type: fs.fsType, Usage: usage}, nil
+		return blockdev.Signature{Type: fs.fsType, Usage: usage}, nil
 	}
-	return Signature{}, nil
+	return blockdev.Signature{}, nil
 }
 
-func (f *FakeHost) Mkfs(_ context.Context, fs Filesystem, _ []string, dev string) error {
+func (f *FakeHost) Mkfs(_ context.Context, fs blockdev.Filesystem, _ []string, dev string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("mkfs " + fs.Name + " " + dev); err != nil {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -270,9 +271,9 @@ func (v *Volumes) stageFilesystem(ctx context.Context, r StageRequest, dev *back
 		fsName = dev.FsType
 	}
 	if fsName == "" {
-		fsName = DefaultFsType
+		fsName = blockdev.DefaultFsType
 	}
-	fs, err := LookupFilesystem(fsName)
+	fs, err := blockdev.LookupFilesystem(fsName)
 	if err != nil {
 		return err
 	}
@@ -314,7 +315,7 @@ type observedHost struct {
 	observe func(fsType string, err error)
 }
 
-func (o observedHost) Mkfs(ctx context.Context, fs Filesystem, options []string, dev string) error {
+func (o observedHost) Mkfs(ctx context.Context, fs blockdev.Filesystem, options []string, dev string) error {
 	err := o.Host.Mkfs(ctx, fs, options, dev)
 	o.observe(fs.Name, err)
 	return err

@@ -71,9 +71,9 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // Type is the backend name in volume IDs and in the config.
@@ -342,7 +342,7 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 	default:
 		conn = newKernel(run, cfg.StateDir)
 	}
-	return newInstance(name, cfg, tool, conn, node.NewLinuxHost(run))
+	return newInstance(name, cfg, tool, conn, blockdev.NewBlkid(run))
 }
 
 func newInstance(name string, cfg Config, tool targetTool, conn connector, probe signatureProber) (*backend.Instance, error) {
