@@ -5,6 +5,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -40,8 +41,8 @@ func (s *controllerService) ControllerExpandVolume(ctx context.Context, req *csi
 	if err != nil {
 		return nil, err
 	}
-	if size < img.CapacityBytes {
-		return nil, errdefs.OutOfRange("volume %s is %d bytes; shrinking it to %d bytes is not supported", id, img.CapacityBytes, size)
+	if _, err := backend.CheckExpand(id.String(), img.CapacityBytes, size); err != nil {
+		return nil, err
 	}
 	if img, err = inst.Store.Expand(ctx, id.Image, size); err != nil {
 		return nil, err
