@@ -63,6 +63,9 @@ type Host interface {
 	// DeviceHeld reports whether something holds the device exclusively:
 	// a mounted filesystem, a device mapper, an O_EXCL open.
 	DeviceHeld(path string) (bool, error)
+	// DeviceOpeners lists the processes that have the device at path open
+	// (as far as this process can see them: /proc of its PID namespace).
+	DeviceOpeners(path string) ([]blockdev.Opener, error)
 
 	// Probe asks blkid what dev holds (see blockdev.Blkid.Probe for the rules).
 	Probe(ctx context.Context, dev string) (blockdev.Signature, error)

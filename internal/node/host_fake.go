@@ -39,6 +39,9 @@ type FakeHost struct {
 	crypts           map[string]*fakeCryptMapping
 	nextCryptMinor   uint32
 	cryptUnavailable bool
+	// openers are the processes that hold a device open exclusively, by
+	// device path (HoldOpen).
+	openers map[string][]blockdev.Opener
 
 	// Devices answers for the device paths AddDevice did not add: a fake
 	// attacher's devices (blockdev.FakeLoopDevices) appear through it.
@@ -110,6 +113,7 @@ func NewFakeHost() *FakeHost {
 		entries:     map[string]*fakeEntry{"/": {typ: os.ModeDir, ino: 1}},
 		filesystems: map[string]*fakeFilesystem{},
 		devices:     map[string]FakeDevice{},
+		openers:     map[string][]blockdev.Opener{},
 		nextIno:     100,
 		nextMount:   1000,
 		Fail:        map[string]error{},
@@ -611,10 +615,38 @@ func (f *FakeHost) DeviceSize(path string) (int64, error) {
 	return d.Size, nil
 }
 
+// HoldOpen has a process hold the device at path open exclusively, as an
+// mkfs does (O_EXCL): the device is held, and DeviceOpeners names it. A
+// pid of 0 holds it unseen, as a process of another PID namespace would.
+func (f *FakeHost) HoldOpen(path string, pid int, command string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.openers[path] = append(f.openers[path], blockdev.Opener{PID: pid, Command: command})
+}
+
+// ReleaseOpen ends every HoldOpen of the device at path: the processes exited.
+func (f *FakeHost) ReleaseOpen(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.openers, path)
+}
+
+func (f *FakeHost) DeviceOpeners(path string) ([]blockdev.Opener, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []blockdev.Opener
+	for _, o := range f.openers[path] {
+		if o.PID != 0 {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
 func (f *FakeHost) DeviceHeld(path string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.cryptHolds(path) {
+	if f.cryptHolds(path) || len(f.openers[path]) > 0 {
 		return true, nil
 	}
 	for _, m := range f.mounts {

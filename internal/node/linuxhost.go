@@ -235,6 +235,11 @@ func (h *LinuxHost) DeviceSize(path string) (int64, error) { return h.deviceSize
 // DeviceHeld implements Host.
 func (h *LinuxHost) DeviceHeld(path string) (bool, error) { return blockdev.InUse(path) }
 
+// DeviceOpeners implements Host.
+func (h *LinuxHost) DeviceOpeners(path string) ([]blockdev.Opener, error) {
+	return blockdev.Openers("/proc", path)
+}
+
 // Mkfs implements Host. mkfs is not cut short when the caller gives up: a
 // half-written filesystem would look like a filesystem to the retry, which
 // waits on the volume lock (ABORTED) until this one has finished.
