@@ -164,7 +164,7 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 	}
 	if opts.Mode.Node() {
 		volumes, err := node.New(host, node.Options{
-			NodeID: opts.NodeID, PathRoots: opts.PathRoots(), StageRecordsRoot: opts.StageRecordsRoot(),
+			NodeID: opts.NodeID, PathRoots: opts.PathRoots(), StageRecordsRoot: opts.StageRecordsRoot(), StaticRecordsDir: opts.StaticRecordsDir(),
 			OwnerOf: d.ownerOf, ObserveFormat: d.metrics.ObserveFormat, Log: log,
 		})
 		if err != nil {

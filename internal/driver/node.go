@@ -148,7 +148,7 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if t.static != nil {
 		// Recorded first: whatever this stage leaves, the unstage that
 		// follows finds the image.
-		if err := s.d.writeStaticRecord(t.static); err != nil {
+		if err := s.d.node.RecordStatic(*t.static); err != nil {
 			return nil, err
 		}
 	}
@@ -179,7 +179,7 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, err
 	}
 	if t.static != nil {
-		if err := s.d.removeStaticRecord(t.id); err != nil {
+		if err := s.d.node.ForgetStatic(t.id); err != nil {
 			return nil, err
 		}
 	}

@@ -1,18 +1,10 @@
 package driver
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strconv"
 
-	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
@@ -28,16 +20,9 @@ import (
 // handle deletes nothing (it names no Spindle volume). On the node,
 // NodeStage and NodePublish carry the volume context, but NodeUnstage,
 // NodeUnpublish, the stats, the health check and NodeExpandVolume carry
-// only the handle: NodeStage keeps the handle's image in a small record
-// (staticRecord) beside the node plugin's socket, kept across restarts of
-// the plugin, and NodeUnstage removes it.
-
-// staticVolume is a pre-provisioned volume resolved to a backend image.
-type staticVolume struct {
-	Handle  string `json:"handle"`
-	Backend string `json:"backend"` // instance key
-	Image   string `json:"image"`   // the image ID
-}
+// only the handle: NodeStage has the node side keep the handle's image in a
+// small record (node.StaticVolume), kept across restarts of the plugin, and
+// NodeUnstage has it removed.
 
 // staticInstance finds the instance that serves the pre-provisioned
 // volume handle with attributes attrs, and the image it names. field is
@@ -98,7 +83,7 @@ type nodeTarget struct {
 	id     string // the request's volume_id: a Spindle ID or a static handle
 	inst   *backend.Instance
 	vol    node.Volume
-	static *staticVolume
+	static *node.StaticVolume
 }
 
 // resolveNodeVolume resolves a node request's volume_id. A Spindle volume
@@ -118,15 +103,15 @@ func (d *Driver) resolveNodeVolume(field, raw string, attrs map[string]string) (
 	if errdefs.KindOf(perr) != errdefs.ErrNotFound {
 		return nodeTarget{}, perr
 	}
-	var sv *staticVolume
+	var sv *node.StaticVolume
 	if isStatic(attrs) {
 		inst, _, image, err := d.staticInstance(field, raw, attrs)
 		if err != nil {
 			return nodeTarget{}, err
 		}
-		sv = &staticVolume{Handle: raw, Backend: inst.Key(), Image: image}
+		sv = &node.StaticVolume{Handle: raw, Backend: inst.Key(), Image: image}
 	} else {
-		rec, err := d.readStaticRecord(raw)
+		rec, err := d.node.StaticVolume(raw)
 		if err != nil || rec == nil {
 			return nodeTarget{}, errors.Join(perr, err)
 		}
@@ -146,69 +131,4 @@ func (d *Driver) resolveNodeVolume(field, raw string, attrs map[string]string) (
 // lockNode takes the node lock of a resolved volume.
 func (d *Driver) lockNode(t nodeTarget) (func(), error) {
 	return d.locks.acquire("node/"+t.id, "volume "+t.id)
-}
-
-// staticDir is where this node keeps its records of pre-provisioned
-// volumes: beside its socket, which the chart keeps on the host
-// (<kubelet>/plugins/<driver>), so they outlive the node plugin's pod.
-func (d *Driver) staticDir() (string, error) {
-	socket, err := config.SocketPath(d.opts.Endpoint)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(filepath.Dir(socket), "static-volumes"), nil
-}
-
-func (d *Driver) staticRecordPath(handle string) (string, error) {
-	dir, err := d.staticDir()
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256([]byte(handle))
-	return filepath.Join(dir, hex.EncodeToString(sum[:16])+".json"), nil
-}
-
-// writeStaticRecord records a staged pre-provisioned volume.
-func (d *Driver) writeStaticRecord(sv *staticVolume) error {
-	path, err := d.staticRecordPath(sv.Handle)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(sv)
-	return atomicfile.Write(path, b, 0o600)
-}
-
-// readStaticRecord returns the record of handle, nil when there is none.
-func (d *Driver) readStaticRecord(handle string) (*staticVolume, error) {
-	path, err := d.staticRecordPath(handle)
-	if err != nil {
-		return nil, err
-	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var sv staticVolume
-	if err := json.Unmarshal(b, &sv); err != nil || sv.Handle != handle {
-		return nil, nil // not a record of this handle: none
-	}
-	return &sv, nil
-}
-
-// removeStaticRecord forgets a pre-provisioned volume once it is unstaged.
-func (d *Driver) removeStaticRecord(handle string) error {
-	path, err := d.staticRecordPath(handle)
-	if err != nil {
-		return err
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
 }

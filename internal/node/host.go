@@ -37,6 +37,10 @@ type Host interface {
 	// stage record).
 	ReadFile(path string) ([]byte, error)
 	WriteFile(path string, data []byte) error
+	// WriteRecord atomically replaces the small file at path with data and
+	// syncs it, making its directory (mode 0700) if missing: a record that
+	// must outlive a power loss (a pre-provisioned volume's, static.go).
+	WriteRecord(path string, data []byte) error
 	// StageRecords finds the stage records below root (see FindStageRecords).
 	StageRecords(root string, mounts []Mount) ([]FoundStageRecord, error)
 

@@ -423,6 +423,13 @@ func (f *FakeHost) WriteFile(path string, data []byte) error {
 	return nil
 }
 
+func (f *FakeHost) WriteRecord(path string, data []byte) error {
+	if err := f.MakeDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	return f.WriteFile(path, data)
+}
+
 func (f *FakeHost) StageRecords(root string, _ []Mount) ([]FoundStageRecord, error) {
 	f.mu.Lock()
 	var paths []string

@@ -218,6 +218,14 @@ func (h *LinuxHost) WriteFile(path string, data []byte) error {
 	return atomicfile.WriteVolatile(path, data, 0o600)
 }
 
+// WriteRecord implements Host.
+func (h *LinuxHost) WriteRecord(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(path, data, 0o600)
+}
+
 // StageRecords implements Host.
 func (h *LinuxHost) StageRecords(root string, mounts []Mount) ([]FoundStageRecord, error) {
 	return FindStageRecords(root, mounts)

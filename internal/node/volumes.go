@@ -25,6 +25,9 @@ type Options struct {
 	// records, are (the inventory and the start-up clean-up look there);
 	// "" when unknown.
 	StageRecordsRoot string
+	// StaticRecordsDir is where the node keeps its records of the
+	// pre-provisioned volumes it stages (static.go); "" when it keeps none.
+	StaticRecordsDir string
 	// OwnerOf names the volume a device belongs to, for refusals that say
 	// whose a path is; it returns "" when no backend claims the device.
 	OwnerOf func(ctx context.Context, device string) string
