@@ -285,6 +285,20 @@ type Reconciler interface {
 // tells the node the controller granted read-only access.
 const ContextReadOnly = "readOnly"
 
+// publish_context keys, common to all backends, of an encrypted volume
+// (Encryption): its wrapped passphrase and what unwraps it. Wrapped, they
+// reveal nothing without the KMS (and, for the secrets KMS, the Kubernetes
+// Secret); they show in VolumeAttachment.status.
+const (
+	ContextEncryptionKMSID   = "encryptionKMSID"
+	ContextEncryptionOwner   = "encryptionKeyOwner"
+	ContextEncryptionWrapped = "encryptionWrappedKey"
+	// During and after a key rotation: the key it adds, and the key the
+	// last one replaced.
+	ContextEncryptionNext     = "encryptionNextWrappedKey"
+	ContextEncryptionPrevious = "encryptionPreviousWrappedKey"
+)
+
 // AttachRequest asks a node's attacher for a local device.
 type AttachRequest struct {
 	ImageID        string

@@ -1,6 +1,10 @@
-// Package blockdev holds what every attacher needs of block devices: the
-// in-use check before a device is let go, a device's size from sysfs, and
-// loop devices (LoopDevices) with Spindle's one geometry.
+// Package blockdev holds the facts of block devices that every layer needs
+// and none owns: the in-use check before a device is let go, a device's
+// size from sysfs, loop devices (LoopDevices) with Spindle's one geometry,
+// what blkid finds on a device or an image file (Blkid, Signature), the
+// filesystems Spindle makes (LookupFilesystem) and what a LUKS2 header
+// takes of a device. It is a leaf: the node, the controller and the
+// backends import it, and it imports none of them.
 package blockdev
 
 import (

@@ -218,6 +218,19 @@ func (o *Options) StageRecordsRoot() string {
 	return filepath.Join(o.KubeletDir, "plugins", "kubernetes.io", "csi")
 }
 
+// StaticRecordsDir is where the node plugin keeps its records of the
+// pre-provisioned volumes it stages: beside its socket, which the chart
+// keeps on the host (<kubelet>/plugins/<driver>), so they outlive the node
+// plugin's pod. Node plugins have kept them there since they served such
+// volumes; "" when the endpoint names no socket.
+func (o *Options) StaticRecordsDir() string {
+	socket, err := SocketPath(o.Endpoint)
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(socket), "static-volumes")
+}
+
 // PathRoots are the directories below which the node plugin accepts the
 // paths of Node requests: kubelet's directory and the allowed roots.
 func (o *Options) PathRoots() []string {

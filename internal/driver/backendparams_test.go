@@ -3,10 +3,11 @@ package driver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/opsapi"
 )
@@ -225,7 +227,7 @@ func TestStaticVolume(t *testing.T) {
 		if devs, _ := e.loops[fastKey].BoundTo(context.Background(), pool.ImagePath(img.ID)); len(devs) != 0 {
 			t.Fatalf("a refused stage attached %v", devs)
 		}
-		if rec, err := e.d.readStaticRecord(handle); rec != nil || err != nil {
+		if rec, err := e.d.node.StaticVolume(handle); rec != nil || err != nil {
 			t.Fatalf("a refused stage recorded %+v, %v", rec, err)
 		}
 	}
@@ -240,7 +242,7 @@ func TestStaticVolume(t *testing.T) {
 	if err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: handle, StagingTargetPath: stage, VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: attrs}); err != nil {
 		t.Fatalf("NodeStage of a static volume: %v", err)
 	}
-	if rec, err := e.d.readStaticRecord(handle); err != nil || rec == nil || rec.Image != img.ID || rec.Backend != fastKey {
+	if rec, err := e.d.node.StaticVolume(handle); err != nil || rec == nil || rec.Image != img.ID || rec.Backend != fastKey {
 		t.Fatalf("static record = %+v, %v", rec, err)
 	}
 	if err := e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: handle, StagingTargetPath: stage, TargetPath: target, VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: attrs}); err != nil {
@@ -255,7 +257,7 @@ func TestStaticVolume(t *testing.T) {
 	if devs, _ := e.loops[fastKey].BoundTo(context.Background(), pool.ImagePath(img.ID)); len(devs) != 0 {
 		t.Fatalf("devices left after the unstage: %v", devs)
 	}
-	if rec, err := e.d.readStaticRecord(handle); rec != nil || err != nil {
+	if rec, err := e.d.node.StaticVolume(handle); rec != nil || err != nil {
 		t.Fatalf("the record outlived the unstage: %+v, %v", rec, err)
 	}
 	// Without the record, the handle names nothing the node knows.
@@ -267,18 +269,68 @@ func TestStaticVolume(t *testing.T) {
 	if _, err := pool.Get(context.Background(), img.ID); err != nil {
 		t.Fatalf("the static volume's image is gone: %v", err)
 	}
-	if _, err := os.Stat(filepath.Dir(e.mustStaticPath(t, handle))); err != nil {
-		t.Fatalf("static records directory: %v", err)
+	if dir := e.d.opts.StaticRecordsDir(); !e.host.Exists(dir) {
+		t.Fatalf("no static records directory %s on the node's host", dir)
 	}
 }
 
-func (e *testEnv) mustStaticPath(t *testing.T, handle string) string {
-	t.Helper()
-	p, err := e.d.staticRecordPath(handle)
+// A node plugin upgraded while a pre-provisioned volume is staged finds the
+// record the older plugin wrote, where and as it wrote it (beside the
+// socket, a file named by the handle's hash): the handle-only RPCs resolve
+// it, and the unstage removes it.
+func TestStaticVolumeStagedByAnOlderPlugin(t *testing.T) {
+	e := newTestEnv(t)
+	pool := withCephLike(t, e)
+	img, err := pool.Create(context.Background(), backend.VolumeSpec{Name: "made-elsewhere", CapacityBytes: 8 * mib, AccessType: backend.AccessBlock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p
+	handle := img.ID
+	attrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "staticVolume": "true"}
+	resp, err := e.ControllerPublish(&csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: testNodeID, VolumeCapability: blockCap(snw), VolumeContext: attrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage := filepath.Join(t.TempDir(), "staging", "pv", "pv-static")
+	if err := e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: handle, StagingTargetPath: stage, VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: attrs}); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "pods", "p1", "pv-static")
+	if err := e.NodePublish(&csi.NodePublishVolumeRequest{VolumeId: handle, StagingTargetPath: stage, TargetPath: target, VolumeCapability: blockCap(snw), PublishContext: resp.GetPublishContext(), VolumeContext: attrs}); err != nil {
+		t.Fatal(err)
+	}
+	// What the older plugin wrote instead of this one's record: the path
+	// and the bytes of its static.go.
+	socket, err := config.SocketPath(e.d.opts.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(handle))
+	old := filepath.Join(filepath.Dir(socket), "static-volumes", hex.EncodeToString(sum[:16])+".json")
+	if !e.host.Exists(old) {
+		t.Fatalf("the record is not where older plugins wrote it, %s", old)
+	}
+	if err := e.d.node.ForgetStatic(handle); err != nil {
+		t.Fatal(err)
+	}
+	e.host.WriteEntry(old, 0, []byte(`{"handle":"`+handle+`","backend":"`+fastKey+`","image":"`+img.ID+`"}`))
+
+	stats, err := e.NodeGetVolumeStats(&csi.NodeGetVolumeStatsRequest{VolumeId: handle, VolumePath: target})
+	if err != nil || len(stats.GetUsage()) == 0 || stats.GetUsage()[0].GetTotal() != 8*mib {
+		t.Fatalf("NodeGetVolumeStats of the handle after the upgrade = %v, %v", stats, err)
+	}
+	if err := e.NodeUnpublish(&csi.NodeUnpublishVolumeRequest{VolumeId: handle, TargetPath: target}); err != nil {
+		t.Fatalf("NodeUnpublish after the upgrade: %v", err)
+	}
+	if err := e.NodeUnstage(&csi.NodeUnstageVolumeRequest{VolumeId: handle, StagingTargetPath: stage}); err != nil {
+		t.Fatalf("NodeUnstage after the upgrade: %v", err)
+	}
+	if devs, _ := e.loops[fastKey].BoundTo(context.Background(), pool.ImagePath(img.ID)); len(devs) != 0 {
+		t.Fatalf("devices left after the unstage: %v", devs)
+	}
+	if e.host.Exists(old) {
+		t.Fatal("the older plugin's record outlived the unstage")
+	}
 }
 
 // The adopt endpoint: the image named by the old PV's handle and

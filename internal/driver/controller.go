@@ -2,19 +2,24 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"strconv"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/controller"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
+
+// The controller service translates CSI to the controller side
+// (internal/controller's Controller): it validates each request, parses
+// the IDs it names (one Spindle never issued names nothing), calls, and
+// lets the one error mapping turn the result into a code. What a volume
+// is and what is done to it is the controller side's.
 
 type controllerService struct {
 	csi.UnimplementedControllerServer
@@ -60,214 +65,57 @@ func (s *controllerService) CreateVolume(ctx context.Context, req *csi.CreateVol
 	if err != nil {
 		return nil, err
 	}
-	params, err := s.d.parseParameters(req.GetParameters())
+	source, err := contentSource(req.GetVolumeContentSource())
 	if err != nil {
 		return nil, err
 	}
-	if caps, err = withFsType(caps, params.fsType); err != nil {
-		return nil, err
-	}
-	inst := s.d.instances[params.instance]
-	for i, c := range caps {
-		if err := inst.Exporter.SupportsAccess(c.accessType, c.mode); err != nil {
-			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_capabilities[%d]", i)
-		}
-	}
-	if err := s.d.checkAccessibility(inst, req.GetAccessibilityRequirements(), "accessibility_requirements"); err != nil {
-		return nil, err
-	}
-	source, err := s.resolveSource(ctx, inst, req.GetVolumeContentSource())
+	vol, err := s.d.ctrl.CreateVolume(ctx, controller.CreateRequest{
+		Name: req.GetName(), Capabilities: caps, Parameters: req.GetParameters(), MutableParameters: req.GetMutableParameters(),
+		RequiredBytes: req.GetCapacityRange().GetRequiredBytes(), LimitBytes: req.GetCapacityRange().GetLimitBytes(),
+		Accessibility: accessibility(req.GetAccessibilityRequirements()), Source: source,
+	})
 	if err != nil {
 		return nil, err
 	}
-
-	spec, err := volumeSpec(req, caps[0], params, source)
-	if err != nil {
-		return nil, err
-	}
-	release, err := s.d.locks.acquire("create/"+req.GetName(), "volume name "+req.GetName())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	// A retried CreateVolume wraps a passphrase again, and the store
-	// answers the volume with the key it was created with.
-	if spec.Encryption, err = s.d.newVolumeEncryption(ctx, req.GetName(), params, source); err != nil {
-		return nil, err
-	}
-
-	img, err := inst.Store.Create(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	vol, err := s.d.csiVolume(inst, img)
-	if err != nil {
-		return nil, err
-	}
-	return &csi.CreateVolumeResponse{Volume: vol}, nil
+	return &csi.CreateVolumeResponse{Volume: csiVolume(vol)}, nil
 }
 
-// withFsType gives mount capabilities that name no filesystem the one of
-// parameters csi.storage.k8s.io/fstype; one that names another is refused.
-func withFsType(caps []capability, fsType string) ([]capability, error) {
-	if fsType == "" {
-		return caps, nil
-	}
-	for i := range caps {
-		switch {
-		case caps[i].accessType != backend.AccessMount:
-		case caps[i].fsType == "":
-			caps[i].fsType = fsType
-		case caps[i].fsType != fsType:
-			return nil, errdefs.InvalidArgument("volume_capabilities[%d].mount.fs_type %q and parameters.%s %q disagree", i, caps[i].fsType, paramFsType, fsType)
-		}
-	}
-	return caps, nil
-}
-
-// volumeSpec is what the store is asked for: the first capability's
-// access type and filesystem (a copy keeps its source's), and a size that
-// fits the request, the filesystem's minimum and the source.
-func volumeSpec(req *csi.CreateVolumeRequest, c capability, params volumeParameters, source *contentSource) (backend.VolumeSpec, error) {
-	spec := backend.VolumeSpec{
-		Name:              req.GetName(),
-		RequiredBytes:     req.GetCapacityRange().GetRequiredBytes(),
-		LimitBytes:        req.GetCapacityRange().GetLimitBytes(),
-		AccessType:        c.accessType,
-		Parameters:        params.shaping,
-		MutableParameters: req.GetMutableParameters(),
-	}
-	var minBytes int64
-	if spec.AccessType == backend.AccessMount {
-		spec.FsType = c.fsType
-		if spec.FsType == "" && source != nil {
-			spec.FsType = source.fsType // a copy keeps the filesystem it holds
-		}
-		fs, err := node.LookupFilesystem(spec.FsType)
-		if err != nil {
-			return spec, err
-		}
-		spec.FsType, minBytes = fs.Name, fs.MinBytes
-	}
-	if params.encrypted {
-		// The filesystem lives on the dm-crypt mapping, after the LUKS2 header.
-		minBytes += node.LUKSHeaderBytes
-	}
-	capacity := req.GetCapacityRange()
-	if source != nil {
-		spec.Source = &source.ContentSource
-		// A copy is at least as big as what it copies; without a size it
-		// is exactly as big.
-		if required := capacity.GetRequiredBytes(); required == 0 {
-			capacity = &csi.CapacityRange{RequiredBytes: source.sizeBytes, LimitBytes: capacity.GetLimitBytes()}
-		}
-		if limit := capacity.GetLimitBytes(); limit > 0 && limit < source.sizeBytes {
-			return spec, errdefs.OutOfRange("capacity_range.limit_bytes %d is smaller than the %d-byte source %s", limit, source.sizeBytes, source.id)
-		}
-	}
-	var err error
-	if spec.CapacityBytes, err = resolveCapacity(capacity, minBytes); err != nil {
-		return spec, err
-	}
-	if source != nil && spec.CapacityBytes < source.sizeBytes {
-		return spec, errdefs.OutOfRange("a volume of %d bytes cannot hold its %d-byte source %s", spec.CapacityBytes, source.sizeBytes, source.id)
-	}
-	return spec, nil
-}
-
-// contentSource is a validated volume_content_source and what the new
-// volume inherits from it.
-type contentSource struct {
-	backend.ContentSource
-	id         string // the CSI ID, for messages
-	sizeBytes  int64
-	accessType backend.AccessType
-	fsType     string
-	encryption *backend.Encryption
-}
-
-// resolveSource validates a content source and looks it up. A source that
-// cannot exist (not a Spindle ID) or does not exist is NOT_FOUND; one in
-// another backend instance is INVALID_ARGUMENT, since images are copied
-// within a pool.
-func (s *controllerService) resolveSource(ctx context.Context, inst *backend.Instance, cs *csi.VolumeContentSource) (*contentSource, error) {
+// contentSource reads a volume_content_source: the snapshot or the volume
+// it names, looked up by the controller side.
+func contentSource(cs *csi.VolumeContentSource) (*controller.Source, error) {
 	if cs == nil {
 		return nil, nil
 	}
-	var field, raw string
+	var src controller.Source
 	switch t := cs.GetType().(type) {
 	case *csi.VolumeContentSource_Snapshot:
-		field, raw = "volume_content_source.snapshot.snapshot_id", t.Snapshot.GetSnapshotId()
+		src = controller.Source{Snapshot: true, Field: "volume_content_source.snapshot.snapshot_id", ID: t.Snapshot.GetSnapshotId()}
 	case *csi.VolumeContentSource_Volume:
-		field, raw = "volume_content_source.volume.volume_id", t.Volume.GetVolumeId()
+		src = controller.Source{Field: "volume_content_source.volume.volume_id", ID: t.Volume.GetVolumeId()}
 	default:
 		return nil, errdefs.InvalidArgument("volume_content_source must name a snapshot or a volume")
 	}
-	if raw == "" {
-		return nil, errdefs.InvalidArgument("%s is required", field)
+	if src.ID == "" {
+		return nil, errdefs.InvalidArgument("%s is required", src.Field)
 	}
-	id, err := volumeid.Parse(raw)
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "%s %q names no Spindle volume or snapshot", field, raw)
-	}
-	if id.InstanceKey() != inst.Key() {
-		return nil, errdefs.InvalidArgument("%s %q is in backend %s; a copy is made within one backend instance, and this volume goes to %s", field, raw, id.InstanceKey(), inst.Key())
-	}
-	out := &contentSource{id: raw}
-	if _, ok := cs.GetType().(*csi.VolumeContentSource_Snapshot); ok {
-		if inst.Snapshots == nil {
-			return nil, errdefs.InvalidArgument("backend %s takes no snapshots", inst.Key())
-		}
-		snap, err := inst.Snapshots.GetSnapshot(ctx, id.Image)
-		if err != nil {
-			return nil, err
-		}
-		out.SnapshotID, out.sizeBytes, out.accessType, out.fsType, out.encryption = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType, snap.Encryption
-		return out, nil
-	}
-	img, err := inst.Store.Get(ctx, id.Image)
-	if err != nil {
-		return nil, err
-	}
-	out.ImageID, out.sizeBytes, out.accessType, out.fsType, out.encryption = img.ID, img.CapacityBytes, img.AccessType, img.FsType, img.Encryption
-	return out, nil
+	return &src, nil
 }
 
-// csiVolume describes an image as CreateVolume, ListVolumes and
-// ControllerGetVolume return it.
-func (d *Driver) csiVolume(inst *backend.Instance, img *backend.Image) (*csi.Volume, error) {
-	id, err := volumeid.New(inst.Type, inst.Name, img.ID)
-	if err != nil {
-		return nil, err
+// csiVolume is a volume as CreateVolume, ListVolumes and ControllerGetVolume
+// return it.
+func csiVolume(v *controller.Volume) *csi.Volume {
+	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes, VolumeContext: v.Context, AccessibleTopology: csiTopologies(v.Topology)}
+	switch {
+	case v.SourceSnapshotID != "":
+		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+			Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: v.SourceSnapshotID},
+		}}
+	case v.SourceVolumeID != "":
+		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+			Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolumeID},
+		}}
 	}
-	vol := &csi.Volume{
-		VolumeId:           id.String(),
-		CapacityBytes:      img.CapacityBytes,
-		VolumeContext:      maps.Clone(img.Parameters),
-		AccessibleTopology: d.accessibleTopology(inst),
-	}
-	if img.Encryption != nil {
-		// A copy of an encrypted source is encrypted whatever its
-		// StorageClass said.
-		if vol.VolumeContext == nil {
-			vol.VolumeContext = map[string]string{}
-		}
-		vol.VolumeContext[paramEncrypted] = "true"
-		vol.VolumeContext[paramEncryptionKMSID] = img.Encryption.KMSID
-	}
-	if src := img.Source; src != nil {
-		switch {
-		case src.SnapshotID != "":
-			vol.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
-				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: inst.Key() + "/" + src.SnapshotID},
-			}}
-		case src.ImageID != "":
-			vol.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
-				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: inst.Key() + "/" + src.ImageID},
-			}}
-		}
-	}
-	return vol, nil
+	return out
 }
 
 func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
@@ -282,29 +130,7 @@ func (s *controllerService) DeleteVolume(ctx context.Context, req *csi.DeleteVol
 			zap.String("volumeID", req.GetVolumeId()), zap.Error(err))
 		return &csi.DeleteVolumeResponse{}, nil
 	}
-	// An ID that is ours but whose backend is not configured here is an
-	// error: answering "deleted" would make Kubernetes forget an image
-	// that still exists.
-	inst, release, err := s.d.lockVolume("volume", id)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	// An encrypted volume's key goes first, once nothing holds the volume:
-	// deleting the image first could leave a key no retry finds again.
-	// An image already gone is the backend's Delete to answer; any other
-	// failure to read it is this call's answer (trying the delete anyway
-	// would spend a second timeout on a cluster that did not answer).
-	img, err := inst.Store.Get(ctx, id.Image)
-	switch {
-	case err == nil && img.Encryption != nil && len(img.Attachments) == 0:
-		if err := s.d.forgetKey(ctx, img.Encryption); err != nil {
-			return nil, err
-		}
-	case err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound:
-		return nil, err
-	}
-	if err := inst.Store.Delete(ctx, id.Image); err != nil {
+	if err := s.d.ctrl.DeleteVolume(ctx, id); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
@@ -321,78 +147,19 @@ func (s *controllerService) ControllerPublishVolume(ctx context.Context, req *cs
 	if err != nil {
 		return nil, err
 	}
+	var pc map[string]string
 	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
-	if errdefs.KindOf(err) == errdefs.ErrNotFound && isStatic(req.GetVolumeContext()) {
-		return s.publishStatic(req, c)
+	switch {
+	case errdefs.KindOf(err) == errdefs.ErrNotFound && backend.IsStatic(req.GetVolumeContext()):
+		// A pre-provisioned volume (static.go): its handle is no Spindle ID.
+		pc, err = s.d.ctrl.PublishStatic("volume_id", req.GetVolumeId(), req.GetVolumeContext(), c.Capability, req.GetReadonly())
+	case err == nil:
+		pc, err = s.d.ctrl.Publish(ctx, controller.PublishRequest{ID: id, NodeID: req.GetNodeId(), Capability: c.Capability, ReadOnly: req.GetReadonly()})
 	}
 	if err != nil {
 		return nil, err
-	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	if err := inst.Exporter.SupportsAccess(c.accessType, c.mode); err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_capability")
-	}
-	release, err := s.d.locks.acquire("publish/"+id.String()+"/"+req.GetNodeId(), "volume "+id.String()+" on node "+req.GetNodeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-
-	img, err := inst.Store.Get(ctx, id.Image)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkCapabilityFits(img, c); err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_capability")
-	}
-	pc, err := inst.Exporter.Publish(ctx, id.Image, backend.Attachment{
-		NodeID:     req.GetNodeId(),
-		AccessMode: c.mode,
-		ReadOnly:   req.GetReadonly() || c.mode.ReadOnly(),
-		Since:      time.Now().UTC().Truncate(time.Second),
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: addEncryptionContext(pc, img.Encryption)}, nil
-}
-
-// publishStatic publishes a pre-provisioned volume (static.go): the node
-// is told where the image is; nothing is granted or recorded, so the
-// volume's exclusive use rests on the attach-detach controller and on the
-// node's check of the image's watchers before a read-write map.
-func (s *controllerService) publishStatic(req *csi.ControllerPublishVolumeRequest, c capability) (*csi.ControllerPublishVolumeResponse, error) {
-	inst, sv, image, err := s.d.staticInstance("volume_id", req.GetVolumeId(), req.GetVolumeContext())
-	if err != nil {
-		return nil, err
-	}
-	if err := inst.Exporter.SupportsAccess(c.accessType, c.mode); err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_capability")
-	}
-	pc, err := sv.StaticPublishContext(image, req.GetVolumeContext())
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
-	}
-	if req.GetReadonly() || c.mode.ReadOnly() {
-		pc[backend.ContextReadOnly] = "true"
 	}
 	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
-}
-
-// checkCapabilityFits refuses a capability the volume was not made for: a
-// block volume's raw data must not be formatted over, and a filesystem
-// volume keeps its fs type.
-func checkCapabilityFits(img *backend.Image, c capability) error {
-	if img.AccessType != c.accessType {
-		return errdefs.InvalidArgument("volume %s was created for %s access, not %s", img.ID, img.AccessType, c.accessType)
-	}
-	if c.fsType != "" && img.FsType != "" && c.fsType != img.FsType {
-		return errdefs.InvalidArgument("volume %s holds %s, not %s", img.ID, img.FsType, c.fsType)
-	}
-	return nil
 }
 
 func (s *controllerService) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
@@ -413,35 +180,8 @@ func (s *controllerService) ControllerUnpublishVolume(ctx context.Context, req *
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
+	if err := s.d.ctrl.Unpublish(ctx, id, req.GetNodeId()); err != nil {
 		return nil, err
-	}
-	release, err := s.d.locks.acquire("publish/"+id.String()+"/"+req.GetNodeId(), "volume "+id.String()+" on node "+req.GetNodeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-
-	nodes := []string{req.GetNodeId()}
-	if req.GetNodeId() == "" {
-		// The spec: without a node, unpublish from every node.
-		img, err := inst.Store.Get(ctx, id.Image)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return &csi.ControllerUnpublishVolumeResponse{}, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		nodes = nodes[:0]
-		for _, a := range img.Attachments {
-			nodes = append(nodes, a.NodeID)
-		}
-	}
-	for _, n := range nodes {
-		if err := inst.Exporter.Unpublish(ctx, id.Image, n); err != nil {
-			return nil, err
-		}
 	}
 	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }
@@ -457,32 +197,29 @@ func (s *controllerService) ValidateVolumeCapabilities(ctx context.Context, req 
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
-	if err != nil {
-		return nil, err
-	}
-	img, err := inst.Store.Get(ctx, id.Image)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.d.parseParameters(req.GetParameters()); err != nil {
-		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
-	}
+	// The capabilities up to the first malformed one go to the controller
+	// side, which checks them in order: whichever refusal comes first is
+	// the answer.
+	var caps []controller.Capability
+	var malformed error
 	for i, vc := range req.GetVolumeCapabilities() {
-		field := "volume_capabilities[" + strconv.Itoa(i) + "]"
-		c, err := parseCapability(field, vc)
-		if err == nil {
-			if err = inst.Exporter.SupportsAccess(c.accessType, c.mode); err == nil {
-				err = checkCapabilityFits(img, c)
-			}
-			if err != nil {
-				err = errdefs.Wrap(errdefs.ErrInvalidArgument, err, "%s", field)
-			}
-		}
+		c, err := parseCapability("volume_capabilities["+strconv.Itoa(i)+"]", vc)
 		if err != nil {
-			// Unsupported is an answer, not an error: no confirmation, and why.
-			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+			malformed = err
+			break
 		}
+		caps = append(caps, c.Capability)
+	}
+	unsupported, err := s.d.ctrl.ValidateCapabilities(ctx, id, req.GetParameters(), caps)
+	if err != nil {
+		return nil, err
+	}
+	if unsupported == nil {
+		unsupported = malformed
+	}
+	if unsupported != nil {
+		// Unsupported is an answer, not an error: no confirmation, and why.
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: unsupported.Error()}, nil
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
 		VolumeContext:      req.GetVolumeContext(),
@@ -492,28 +229,107 @@ func (s *controllerService) ValidateVolumeCapabilities(ctx context.Context, req 
 }
 
 // ControllerModifyVolume changes a volume's mutable parameters (its
-// VolumeAttributesClass); the backend says which it understands, and they
-// take effect when the volume is next attached.
+// VolumeAttributesClass).
 func (s *controllerService) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
-	inst, release, err := s.d.lockVolume("volume", id)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	if len(req.GetMutableParameters()) == 0 {
-		// Nothing to change; the volume must still exist.
-		_, err := inst.Store.Get(ctx, id.Image)
-		if err != nil {
-			return nil, err
-		}
-		return &csi.ControllerModifyVolumeResponse{}, nil
-	}
-	if _, err := inst.Store.Modify(ctx, id.Image, req.GetMutableParameters()); err != nil {
+	if err := s.d.ctrl.Modify(ctx, id, req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
 	return &csi.ControllerModifyVolumeResponse{}, nil
+}
+
+// ControllerExpandVolume grows the image; the node then refreshes its
+// device and grows the filesystem (NodeExpandVolume, or the next stage).
+func (s *controllerService) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, errdefs.InvalidArgument("capacity_range is required")
+	}
+	if req.GetVolumeCapability() != nil {
+		if _, err := parseCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+			return nil, err
+		}
+	}
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	size, err := s.d.ctrl.Expand(ctx, id, req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes())
+	if err != nil {
+		return nil, err
+	}
+	// Both kinds need the node: a filesystem to grow, and for a block
+	// volume a loop device that still has the old size until refreshed.
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+}
+
+func (s *controllerService) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	all, err := s.d.ctrl.ListVolumes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	page, next, err := pageOf(s.d, all, func(v *controller.Volume) string { return v.ID }, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, v := range page {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
+			Volume: csiVolume(v),
+			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: v.PublishedNodes},
+		})
+	}
+	return resp, nil
+}
+
+func (s *controllerService) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	id, err := lookupVolumeID("volume_id", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.d.ctrl.GetVolume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: csiVolume(v),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: v.PublishedNodes},
+	}, nil
+}
+
+// GetCapacity reports what the instance the parameters select can still
+// allocate; capacity a request could not use is reported as zero.
+func (s *controllerService) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	caps := make([]controller.Capability, 0, len(req.GetVolumeCapabilities()))
+	for i, vc := range req.GetVolumeCapabilities() {
+		c, err := parseCapability("volume_capabilities["+strconv.Itoa(i)+"]", vc)
+		if err != nil {
+			return nil, err
+		}
+		caps = append(caps, c.Capability)
+	}
+	var topology controller.Topology
+	if t := req.GetAccessibleTopology(); t != nil {
+		topology = controller.Topology(maps.Clone(t.GetSegments()))
+		if topology == nil {
+			topology = controller.Topology{} // a topology that names nothing is no node's
+		}
+	}
+	c, err := s.d.ctrl.Capacity(ctx, req.GetParameters(), caps, topology)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	return &csi.GetCapacityResponse{
+		AvailableCapacity: c.AvailableBytes,
+		MaximumVolumeSize: wrapperspb.Int64(c.MaximumVolumeBytes),
+		MinimumVolumeSize: wrapperspb.Int64(c.MinimumVolumeBytes),
+	}, nil
 }

@@ -1,7 +1,9 @@
-// Package driver implements Spindle's three CSI services (identity.go,
-// controller.go, node.go) on top of the backends and the node data path:
-// request validation, the capability matrix, per-volume locks, logging, and
-// the single mapping from errors to gRPC codes (errors.go).
+// Package driver serves Spindle's three CSI services (identity.go,
+// controller.go and snapshots.go, node.go) and the operators' HTTP
+// endpoints (ops.go) over the controller side (internal/controller) and
+// the node side (internal/node). It translates only: request validation
+// and bounds, the capability matrix, the node's per-volume locks, logging,
+// and the single mapping from errors to gRPC codes (errors.go).
 package driver
 
 import (
@@ -11,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"syscall"
 	"time"
@@ -25,27 +26,29 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/config"
-	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/controller"
 	"github.com/spindle-csi/spindle/internal/kms"
 	"github.com/spindle-csi/spindle/internal/metrics"
 	"github.com/spindle-csi/spindle/internal/node"
-	"github.com/spindle-csi/spindle/internal/volumeid"
+	"github.com/spindle-csi/spindle/internal/oplock"
 )
 
 // Driver serves the CSI services of one Spindle process.
 type Driver struct {
-	opts            config.Options
-	version         string
-	instances       map[string]*backend.Instance
-	defaultInstance string
+	opts      config.Options
+	version   string
+	instances backend.Instances
+	// ctrl is the controller side; its services are served in controller mode.
+	ctrl *controller.Controller
 	// node is the node side; nil in controller mode.
 	node *node.Volumes
 	// attachDaemon runs the node's userspace daemons (--attach-daemon-socket);
 	// nil when the node plugin runs them itself.
 	attachDaemon command.DaemonHost
-	locks        *operationLocks
-	log          *zap.Logger
-	metrics      *metrics.Metrics
+	// locks allow one operation per volume at a time, shared by both sides.
+	locks   *oplock.Locks
+	log     *zap.Logger
+	metrics *metrics.Metrics
 	// codec decodes requests; checkDecoded answers those it could not.
 	codec *lenientCodec
 	// kms are the KMSs of encrypted volumes (--kms-config).
@@ -95,14 +98,11 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 			}
 		}), daemons)
 	}
-	instances := map[string]*backend.Instance{}
+	instances := backend.Instances{}
 	for _, b := range file.Backends {
 		inst, err := b.Section.New(b.Name, run)
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: %w", b.Key(), err)
-		}
-		if opts.Mode.Controller() {
-			reconcile(inst, log)
 		}
 		instances[inst.Key()] = inst
 	}
@@ -111,36 +111,19 @@ func New(opts config.Options, version string, log *zap.Logger) (*Driver, error) 
 		return nil, err
 	}
 	d = built
+	if opts.Mode.Controller() {
+		d.ctrl.Reconcile(context.Background())
+	}
 	if daemons != nil {
 		d.attachDaemon = daemons
 	}
 	return d, nil
 }
 
-// reconcile repairs what a crash or a restart elsewhere left behind in an
-// instance (backend.Reconciler), as a controller opens it. A backend that
-// does not answer now is no reason not to serve: Probe reports it, and the
-// next start (for iSCSI, each volume's next publish) repairs it.
-func reconcile(inst *backend.Instance, log *zap.Logger) {
-	r, ok := inst.Store.(backend.Reconciler)
-	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	changed, err := r.Reconcile(ctx)
-	cancel()
-	for _, c := range changed {
-		log.Info("repaired backend state", zap.String("backend", inst.Key()), zap.String("change", c))
-	}
-	if err != nil {
-		log.Warn("could not repair backend state", zap.String("backend", inst.Key()), zap.Error(err))
-	}
-}
-
 // newDriver assembles a driver from backend instances and the host its node
 // side works on, already built (New's last step; tests call it with
 // instances on fake loop devices and an in-memory host).
-func newDriver(opts config.Options, version string, instances map[string]*backend.Instance, defaultInstance string, host node.Host, log *zap.Logger) (*Driver, error) {
+func newDriver(opts config.Options, version string, instances backend.Instances, defaultInstance string, host node.Host, log *zap.Logger) (*Driver, error) {
 	if version == "" {
 		version = "unknown"
 	}
@@ -149,22 +132,24 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 		return nil, fmt.Errorf("--kms-config: %w", err)
 	}
 	d := &Driver{
-		kms:             kmsRegistry,
-		opts:            opts,
-		version:         version,
-		instances:       instances,
-		defaultInstance: defaultInstance,
-		locks:           newOperationLocks(),
-		codec:           newLenientCodec(),
-		log:             log,
-		metrics:         metrics.New(),
+		kms:       kmsRegistry,
+		opts:      opts,
+		version:   version,
+		instances: instances,
+		locks:     oplock.New(),
+		codec:     newLenientCodec(),
+		log:       log,
+		metrics:   metrics.New(),
 	}
+	d.ctrl = controller.New(controller.Options{
+		Instances: instances, DefaultInstance: defaultInstance, NodeID: opts.NodeID, KMS: kmsRegistry, Locks: d.locks, Log: log,
+	})
 	if opts.Mode.Controller() {
-		d.metrics.SetBackgroundTasks(d.backgroundTasks) // maintain.go
+		d.metrics.SetBackgroundTasks(d.ctrl.BackgroundTasks)
 	}
 	if opts.Mode.Node() {
 		volumes, err := node.New(host, node.Options{
-			NodeID: opts.NodeID, PathRoots: opts.PathRoots(), StageRecordsRoot: opts.StageRecordsRoot(),
+			NodeID: opts.NodeID, PathRoots: opts.PathRoots(), StageRecordsRoot: opts.StageRecordsRoot(), StaticRecordsDir: opts.StaticRecordsDir(),
 			OwnerOf: d.ownerOf, ObserveFormat: d.metrics.ObserveFormat, Log: log,
 		})
 		if err != nil {
@@ -174,24 +159,6 @@ func newDriver(opts config.Options, version string, instances map[string]*backen
 		d.metrics.SetVolumeState(d.volumeCounts)
 	}
 	return d, nil
-}
-
-// instanceFor returns the backend instance serving id.
-func (d *Driver) instanceFor(id volumeid.ID) (*backend.Instance, error) {
-	inst, ok := d.instances[id.InstanceKey()]
-	if !ok {
-		return nil, errdefs.Precondition("backend instance %s of volume %s is not configured in this driver (configured: %v)", id.InstanceKey(), id, d.instanceKeys())
-	}
-	return inst, nil
-}
-
-func (d *Driver) instanceKeys() []string {
-	keys := make([]string, 0, len(d.instances))
-	for k := range d.instances {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // shutdownGrace is how long in-flight RPCs may run after a stop signal
@@ -230,8 +197,8 @@ func (d *Driver) Run(ctx context.Context) error {
 	csi.RegisterIdentityServer(srv, &identityService{d: d})
 	if d.opts.Mode.Controller() {
 		csi.RegisterControllerServer(srv, &controllerService{d: d})
-		csi.RegisterGroupControllerServer(srv, &groupControllerService{d: d}) // groupsnapshots.go
-		go d.maintain(ctx)                                                    // maintain.go
+		csi.RegisterGroupControllerServer(srv, &groupControllerService{d: d}) // snapshots.go
+		go d.ctrl.Maintain(ctx)
 	}
 	if d.opts.Mode.Node() {
 		csi.RegisterNodeServer(srv, &nodeService{d: d})
@@ -240,7 +207,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	d.log.Info("serving",
 		zap.String("driver", d.opts.DriverName), zap.String("version", d.version),
 		zap.String("mode", string(d.opts.Mode)), zap.String("nodeID", d.opts.NodeID),
-		zap.String("endpoint", socket), zap.Strings("backends", d.instanceKeys()), zap.String("defaultBackend", d.defaultInstance))
+		zap.String("endpoint", socket), zap.Strings("backends", d.instances.Keys()), zap.String("defaultBackend", d.ctrl.DefaultInstance()))
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
@@ -293,7 +260,7 @@ func (d *Driver) reconcileNode(ctx context.Context) {
 // registerNode announces this node to every backend instance.
 func (d *Driver) registerNode(ctx context.Context) error {
 	var errs []error
-	for _, key := range d.instanceKeys() {
+	for _, key := range d.instances.Keys() {
 		info := backend.NodeInfo{NodeID: d.opts.NodeID, MaxVolumesPerNode: d.opts.MaxVolumesPerNode}
 		if err := d.instances[key].Attacher.RegisterNode(ctx, info); err != nil {
 			errs = append(errs, fmt.Errorf("register node %q with %s: %w", d.opts.NodeID, key, err))

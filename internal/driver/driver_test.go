@@ -202,8 +202,8 @@ func TestNew(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		if d.version != "unknown" || d.defaultInstance != "loop/default" || !slices.Equal(d.instanceKeys(), []string{"loop/default"}) {
-			t.Fatalf("driver version %q, default %q, instances %v", d.version, d.defaultInstance, d.instanceKeys())
+		if d.version != "unknown" || d.ctrl.DefaultInstance() != "loop/default" || !slices.Equal(d.instances.Keys(), []string{"loop/default"}) {
+			t.Fatalf("driver version %q, default %q, instances %v", d.version, d.ctrl.DefaultInstance(), d.instances.Keys())
 		}
 		if st, err := os.Stat(opts.LoopPoolDir); err != nil || !st.IsDir() {
 			t.Fatalf("pool directory not created: %v", err)
@@ -222,8 +222,8 @@ func TestNew(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		if d.version != "v9" || d.defaultInstance != "loop/fast" || !slices.Equal(d.instanceKeys(), []string{"loop/default", "loop/fast"}) {
-			t.Fatalf("driver version %q, default %q, instances %v", d.version, d.defaultInstance, d.instanceKeys())
+		if d.version != "v9" || d.ctrl.DefaultInstance() != "loop/fast" || !slices.Equal(d.instances.Keys(), []string{"loop/default", "loop/fast"}) {
+			t.Fatalf("driver version %q, default %q, instances %v", d.version, d.ctrl.DefaultInstance(), d.instances.Keys())
 		}
 	})
 
@@ -244,8 +244,8 @@ func TestNew(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		if d.defaultInstance != "iscsi/san" {
-			t.Fatalf("default instance %q", d.defaultInstance)
+		if d.ctrl.DefaultInstance() != "iscsi/san" {
+			t.Fatalf("default instance %q", d.ctrl.DefaultInstance())
 		}
 		w := logs.FilterMessageSnippet("could not repair backend state").All()
 		if len(w) != 1 || w[0].ContextMap()["backend"] != "iscsi/san" {

@@ -6,200 +6,39 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/kms"
 	"github.com/spindle-csi/spindle/internal/node"
 )
 
-// Encrypted volumes. The driver translates only: the StorageClass asks for
-// encryption (ceph-csi's parameter names), the controller makes a random
-// passphrase per volume and has the volume's KMS wrap it (internal/kms),
-// the store keeps the wrapped form with the image (and a snapshot its own
-// wrap of the same passphrase), ControllerPublish hands the wrapped form to
-// the node in publish_context, and the node unwraps it with the stage
-// request's secrets and opens the volume with dm-crypt (internal/node).
-// The passphrase itself is never stored, logged or sent anywhere.
-
-// StorageClass parameters, ceph-csi's names for every backend.
-const (
-	paramEncrypted       = backend.ParamEncrypted       // "true": the volume's data is a LUKS2 volume
-	paramEncryptionKMSID = backend.ParamEncryptionKMSID // the KMS of --kms-config; the built-in secrets KMS when absent
-)
-
-// publish_context keys: the volume's wrapped passphrase and what unwraps it.
-// Wrapped, they reveal nothing without the KMS (and, for the secrets KMS,
-// the Kubernetes Secret); they show in VolumeAttachment.status.
-const (
-	contextEncryptionKMSID   = "encryptionKMSID"
-	contextEncryptionOwner   = "encryptionKeyOwner"
-	contextEncryptionWrapped = "encryptionWrappedKey"
-	// During and after a key rotation (rotation.go): the key it adds, and
-	// the key the last one replaced.
-	contextEncryptionNext     = "encryptionNextWrappedKey"
-	contextEncryptionPrevious = "encryptionPreviousWrappedKey"
-)
-
-// Key owners: whose passphrase a wrap is, to the KMS (a Vault transit key
-// per owner). Volumes and snapshots are named apart.
-func volumeKeyOwner(name string) string   { return "volume/" + name }
-func snapshotKeyOwner(name string) string { return "snapshot/" + name }
-
-// encryptionParameters validates encrypted and encryptionKMSID and records
-// them in the volume's shaping parameters.
-func (d *Driver) encryptionParameters(vp *volumeParameters, params map[string]string) error {
-	raw, hasEncrypted := params[paramEncrypted]
-	kmsID, hasKMS := params[paramEncryptionKMSID]
-	if hasEncrypted {
-		on, err := strconv.ParseBool(raw)
-		if err != nil {
-			return errdefs.InvalidArgument("parameters.%s %q is not a boolean", paramEncrypted, raw)
-		}
-		vp.encrypted = on
-	}
-	if hasKMS && !vp.encrypted {
-		return errdefs.InvalidArgument("parameters.%s %q is set, but parameters.%s is not \"true\"", paramEncryptionKMSID, kmsID, paramEncrypted)
-	}
-	if !vp.encrypted {
-		return nil
-	}
-	k, err := d.kms.Get(kmsID)
-	if err != nil {
-		return errdefs.Wrap(errdefs.ErrInvalidArgument, err, "parameters.%s", paramEncryptionKMSID)
-	}
-	vp.kmsID = k.ID()
-	vp.shaping[paramEncrypted] = "true"
-	vp.shaping[paramEncryptionKMSID] = k.ID()
-	return nil
-}
-
-// newVolumeEncryption is the Encryption a new volume is created with: a
-// fresh passphrase wrapped by the StorageClass's KMS, or for a copy of an
-// encrypted volume or snapshot, the source's passphrase (its LUKS header
-// is copied with its data) wrapped again for the new volume. An
-// unencrypted source cannot become an encrypted volume: its data would
-// stay in clear.
-func (d *Driver) newVolumeEncryption(ctx context.Context, name string, vp volumeParameters, source *contentSource) (*backend.Encryption, error) {
-	secrets := backend.SecretsFrom(ctx)
-	var passphrase []byte
-	kmsID := vp.kmsID
-	switch {
-	case source != nil && source.encryption != nil:
-		p, err := d.unwrap(ctx, source.encryption, secrets)
-		if err != nil {
-			return nil, err
-		}
-		passphrase = p
-		if !vp.encrypted {
-			kmsID = source.encryption.KMSID
-		}
-	case source != nil && vp.encrypted:
-		return nil, errdefs.InvalidArgument("volume_content_source %s is not encrypted; a copy of it keeps its data in clear, so it cannot be an encrypted volume", source.id)
-	case vp.encrypted:
-		p, err := kms.NewPassphrase()
-		if err != nil {
-			return nil, err
-		}
-		passphrase = p
-	default:
-		return nil, nil
-	}
-	defer clear(passphrase)
-	return d.wrap(ctx, kmsID, volumeKeyOwner(name), passphrase, secrets)
-}
-
-// snapshotEncryption wraps an encrypted source volume's passphrase again
-// for the snapshot, with the source's KMS: the snapshot then outlives the
-// volume's key, which DeleteVolume destroys.
-func (d *Driver) snapshotEncryption(ctx context.Context, name string, src *backend.Encryption) (*backend.Encryption, error) {
-	if src == nil {
-		return nil, nil
-	}
-	secrets := backend.SecretsFrom(ctx)
-	passphrase, err := d.unwrap(ctx, src, secrets)
-	if err != nil {
-		return nil, err
-	}
-	defer clear(passphrase)
-	return d.wrap(ctx, src.KMSID, snapshotKeyOwner(name), passphrase, secrets)
-}
-
-func (d *Driver) wrap(ctx context.Context, kmsID, owner string, passphrase []byte, secrets map[string]string) (*backend.Encryption, error) {
-	k, err := d.kms.Get(kmsID)
-	if err != nil {
-		return nil, err
-	}
-	wrapped, err := k.Wrap(ctx, owner, passphrase, secrets)
-	if err != nil {
-		return nil, err
-	}
-	return &backend.Encryption{KMSID: k.ID(), KeyOwner: owner, WrappedKey: wrapped}, nil
-}
-
-func (d *Driver) unwrap(ctx context.Context, e *backend.Encryption, secrets map[string]string) ([]byte, error) {
-	k, err := d.kms.Get(e.KMSID)
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "the key of %s", e.KeyOwner)
-	}
-	return k.Unwrap(ctx, e.KeyOwner, e.WrappedKey, secrets)
-}
-
-// forgetKey destroys what the KMS keeps of e's owner (DeleteVolume,
-// DeleteSnapshot).
-func (d *Driver) forgetKey(ctx context.Context, e *backend.Encryption) error {
-	if e == nil {
-		return nil
-	}
-	k, err := d.kms.Get(e.KMSID)
-	if err != nil {
-		return errdefs.Wrap(errdefs.ErrPrecondition, err, "delete the key of %s", e.KeyOwner)
-	}
-	return k.Forget(ctx, e.KeyOwner, backend.SecretsFrom(ctx))
-}
-
-// addEncryptionContext puts an encrypted image's wrapped key into the
-// publish_context the node stages with.
-func addEncryptionContext(pc map[string]string, e *backend.Encryption) map[string]string {
-	if e == nil {
-		return pc
-	}
-	out := make(map[string]string, len(pc)+3)
-	for k, v := range pc {
-		out[k] = v
-	}
-	out[contextEncryptionKMSID], out[contextEncryptionOwner], out[contextEncryptionWrapped] = e.KMSID, e.KeyOwner, e.WrappedKey
-	if e.NextWrappedKey != "" {
-		out[contextEncryptionNext] = e.NextWrappedKey
-	}
-	if e.PreviousWrappedKey != "" {
-		out[contextEncryptionPrevious] = e.PreviousWrappedKey
-	}
-	return out
-}
+// Encrypted volumes on the node: the controller side (internal/controller)
+// hands the node the volume's wrapped passphrase in publish_context; the
+// node plugin reads it here and the node side (internal/node) unwraps it
+// with the stage request's secrets when it opens the volume with dm-crypt.
 
 // stageEncryption reads a NodeStageVolume's encryption: the wrapped key in
 // publish_context, unwrapped on demand with the request's secrets. A volume
 // whose volume context says it is encrypted but whose publish_context
 // carries no key is refused: staging it would format it in clear.
 func (d *Driver) stageEncryption(pc, vc map[string]string, secrets map[string]string) (*node.Encryption, error) {
-	wrapped := pc[contextEncryptionWrapped]
+	wrapped := pc[backend.ContextEncryptionWrapped]
 	if wrapped == "" {
-		if on, _ := strconv.ParseBool(vc[paramEncrypted]); on {
-			return nil, errdefs.Precondition("the volume is encrypted (volume_context.%s), but publish_context carries no %s; it was published by a controller that does not encrypt, and staging it would write it in clear", paramEncrypted, contextEncryptionWrapped)
+		if on, _ := strconv.ParseBool(vc[backend.ParamEncrypted]); on {
+			return nil, errdefs.Precondition("the volume is encrypted (volume_context.%s), but publish_context carries no %s; it was published by a controller that does not encrypt, and staging it would write it in clear", backend.ParamEncrypted, backend.ContextEncryptionWrapped)
 		}
 		return nil, nil
 	}
-	owner := pc[contextEncryptionOwner]
+	owner := pc[backend.ContextEncryptionOwner]
 	if owner == "" {
-		return nil, errdefs.InvalidArgument("publish_context.%s is set without %s", contextEncryptionWrapped, contextEncryptionOwner)
+		return nil, errdefs.InvalidArgument("publish_context.%s is set without %s", backend.ContextEncryptionWrapped, backend.ContextEncryptionOwner)
 	}
-	k, err := d.kms.Get(pc[contextEncryptionKMSID])
+	k, err := d.kms.Get(pc[backend.ContextEncryptionKMSID])
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "publish_context.%s names a KMS this node does not have (its --kms-config)", contextEncryptionKMSID)
+		return nil, errdefs.Wrap(errdefs.ErrPrecondition, err, "publish_context.%s names a KMS this node does not have (its --kms-config)", backend.ContextEncryptionKMSID)
 	}
 	unwrap := func(w string) func(context.Context) ([]byte, error) {
 		return func(ctx context.Context) ([]byte, error) { return k.Unwrap(ctx, owner, w, secrets) }
 	}
 	enc := &node.Encryption{KMS: k.String(), Passphrase: unwrap(wrapped)}
-	for _, key := range []string{contextEncryptionNext, contextEncryptionPrevious} {
+	for _, key := range []string{backend.ContextEncryptionNext, backend.ContextEncryptionPrevious} {
 		if w := pc[key]; w != "" {
 			enc.OtherPassphrases = append(enc.OtherPassphrases, unwrap(w))
 		}

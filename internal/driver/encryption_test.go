@@ -49,7 +49,7 @@ func (e *testEnv) passphraseOf(t *testing.T, enc *backend.Encryption) []byte {
 	if enc == nil {
 		t.Fatal("no encryption recorded")
 	}
-	p, err := e.d.unwrap(context.Background(), enc, testSecrets)
+	p, err := e.d.ctrl.Unwrap(context.Background(), enc, testSecrets)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,44 +5,25 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/controller"
 )
 
 // The health RPCs of CSI 1.13 (volume health replaced the VolumeCondition of
 // earlier versions) answer from the same checks the data path relies on.
 
-// healthProblem is one abnormal condition of a volume.
-type healthProblem struct {
-	status  csi.VolumeHealthErrorType
-	reason  string // CamelCase, for machines and short displays
-	message string
+// healthStatuses are the CSI statuses of the controller side's.
+var healthStatuses = map[controller.HealthStatus]csi.VolumeHealthErrorType{
+	controller.Inaccessible: csi.VolumeHealthErrorType_INACCESSIBLE,
+	controller.Degraded:     csi.VolumeHealthErrorType_DEGRADED,
+	controller.DataLoss:     csi.VolumeHealthErrorType_DATA_LOSS,
 }
 
-func volumeHealth(volumeID string, problems []healthProblem) *csi.VolumeHealth {
+func volumeHealth(volumeID string, problems []controller.HealthProblem) *csi.VolumeHealth {
 	h := &csi.VolumeHealth{VolumeId: volumeID}
 	for _, p := range problems {
-		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{Status: p.status, Reason: p.reason, Message: p.message})
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{Status: healthStatuses[p.Status], Reason: p.Reason, Message: p.Message})
 	}
 	return h
-}
-
-// imageProblems reports an image whose data is gone (DATA_LOSS) or cannot
-// be checked (DEGRADED). checker may be nil.
-func imageProblems(ctx context.Context, checker any, imageID string) []healthProblem {
-	c, ok := checker.(backend.ImageChecker)
-	if !ok {
-		return nil
-	}
-	err := c.CheckImage(ctx, imageID)
-	switch {
-	case err == nil:
-		return nil
-	case errdefs.KindOf(err) == errdefs.ErrNotFound:
-		return []healthProblem{{csi.VolumeHealthErrorType_DATA_LOSS, "ImageMissing", err.Error()}}
-	default:
-		return []healthProblem{{csi.VolumeHealthErrorType_DEGRADED, "ImageUnreadable", err.Error()}}
-	}
 }
 
 func (s *controllerService) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
@@ -50,40 +31,27 @@ func (s *controllerService) ControllerGetVolumeHealth(ctx context.Context, req *
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.d.instanceFor(id)
+	problems, err := s.d.ctrl.VolumeHealth(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := inst.Store.Get(ctx, id.Image); err != nil {
-		return nil, err
-	}
-	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: volumeHealth(id.String(), imageProblems(ctx, inst.Store, id.Image))}, nil
+	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: volumeHealth(id.String(), problems)}, nil
 }
 
 // ControllerListVolumeHealth lists the volumes that have a problem, as the
 // spec asks: healthy ones are left out.
 func (s *controllerService) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
-	all, err := s.d.allImages(ctx)
+	sick, err := s.d.ctrl.ListVolumeHealth(ctx)
 	if err != nil {
 		return nil, err
 	}
-	type entry struct {
-		id       string
-		problems []healthProblem
-	}
-	var sick []entry
-	for _, e := range all {
-		if ps := imageProblems(ctx, e.inst.Store, e.img.ID); len(ps) > 0 {
-			sick = append(sick, entry{e.id, ps})
-		}
-	}
-	page, next, err := pageOf(s.d, sick, func(e entry) string { return e.id }, req.GetStartingToken(), req.GetMaxEntries())
+	page, next, err := pageOf(s.d, sick, func(h controller.VolumeHealth) string { return h.VolumeID }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
 	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
-	for _, e := range page {
-		resp.Entries = append(resp.Entries, volumeHealth(e.id, e.problems))
+	for _, h := range page {
+		resp.Entries = append(resp.Entries, volumeHealth(h.VolumeID, h.Problems))
 	}
 	return resp, nil
 }
@@ -102,7 +70,7 @@ func (s *nodeService) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetSt
 			})
 		}
 	}
-	for _, key := range s.d.instanceKeys() {
+	for _, key := range s.d.instances.Keys() {
 		if err := s.d.instances[key].Attacher.Probe(ctx); err != nil {
 			resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
 				Status:  csi.StorageHealthErrorType_STORAGE_UNREACHABLE,
@@ -144,14 +112,14 @@ func (s *nodeService) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetV
 	if err != nil {
 		return nil, err
 	}
-	var problems []healthProblem
+	var problems []controller.HealthProblem
 	for _, p := range found {
-		status := csi.VolumeHealthErrorType_INACCESSIBLE
+		status := controller.Inaccessible
 		if p.Degraded() {
-			status = csi.VolumeHealthErrorType_DEGRADED
+			status = controller.Degraded
 		}
-		problems = append(problems, healthProblem{status, p.Reason, p.Message})
+		problems = append(problems, controller.HealthProblem{Status: status, Reason: p.Reason, Message: p.Message})
 	}
-	problems = append(problems, imageProblems(ctx, t.vol.Attacher, t.vol.Image)...)
+	problems = append(problems, controller.ImageHealth(ctx, t.vol.Attacher, t.vol.Image)...)
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: volumeHealth(t.id, problems)}, nil
 }

@@ -338,3 +338,9 @@ func (e *testEnv) ControllerExpand(volumeID string, bytes int64) (*csi.Controlle
 	return call(e, "/csi.v1.Controller/ControllerExpandVolume", e.cs.ControllerExpandVolume,
 		&csi.ControllerExpandVolumeRequest{VolumeId: volumeID, CapacityRange: &csi.CapacityRange{RequiredBytes: bytes}})
 }
+
+// Sizes the tests use.
+const (
+	mib = int64(1) << 20
+	gib = int64(1) << 30
+)

@@ -25,11 +25,11 @@ func (s *identityService) GetPluginCapabilities(context.Context, *csi.GetPluginC
 	var caps []*csi.PluginCapability
 	if s.d.opts.Mode.Controller() {
 		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE))
-		if s.d.groupSnapshots() {
+		if s.d.ctrl.GroupSnapshots() {
 			caps = append(caps, service(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE))
 		}
 	}
-	if s.d.hasNodeLocal() {
+	if s.d.instances.NodeLocal() {
 		caps = append(caps,
 			service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
 			service(csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS))
@@ -54,7 +54,7 @@ func (s *identityService) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.
 // probe checks every backend instance this process serves; /healthz asks
 // the same question as Probe.
 func (d *Driver) probe(ctx context.Context) error {
-	for _, key := range d.instanceKeys() {
+	for _, key := range d.instances.Keys() {
 		inst := d.instances[key]
 		// FAILED_PRECONDITION is the spec's answer for a dependency that is
 		// missing; the message says which backend and why.

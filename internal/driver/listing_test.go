@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/controller"
 )
 
 func (e *testEnv) ListVolumes(req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
@@ -34,7 +35,7 @@ func TestListVolumesPagination(t *testing.T) {
 		all = append(all, e.mustCreate(t, createReq(name)))
 	}
 	fast := createReq("pvc-e")
-	fast.Parameters = map[string]string{paramBackend: fastKey}
+	fast.Parameters = map[string]string{backend.ParamBackend: fastKey}
 	all = append(all, e.mustCreate(t, fast))
 
 	first, err := e.ListVolumes(&csi.ListVolumesRequest{MaxEntries: 2})
@@ -130,12 +131,12 @@ func TestTopology(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	e.d.instances[defaultKey].NodeLocal = true
-	here := &csi.Topology{Segments: map[string]string{TopologyKey: testNodeID}}
-	there := &csi.Topology{Segments: map[string]string{TopologyKey: "node-b"}}
-	zoned := &csi.Topology{Segments: map[string]string{TopologyKey: testNodeID, "zone": "z1"}}
+	here := &csi.Topology{Segments: map[string]string{controller.TopologyKey: testNodeID}}
+	there := &csi.Topology{Segments: map[string]string{controller.TopologyKey: "node-b"}}
+	zoned := &csi.Topology{Segments: map[string]string{controller.TopologyKey: testNodeID, "zone": "z1"}}
 
 	info, err := call(e, "/csi.v1.Node/NodeGetInfo", e.ns.NodeGetInfo, &csi.NodeGetInfoRequest{})
-	if err != nil || info.GetAccessibleTopology().GetSegments()[TopologyKey] != testNodeID {
+	if err != nil || info.GetAccessibleTopology().GetSegments()[controller.TopologyKey] != testNodeID {
 		t.Fatalf("NodeGetInfo = %v, %v; want this node's segment", info, err)
 	}
 	for _, tc := range []struct {
@@ -155,7 +156,7 @@ func TestTopology(t *testing.T) {
 			resp, err := e.CreateVolume(req)
 			wantCode(t, err, tc.code)
 			if err == nil && !slices.EqualFunc(resp.GetVolume().GetAccessibleTopology(), []*csi.Topology{here}, func(a, b *csi.Topology) bool {
-				return a.GetSegments()[TopologyKey] == b.GetSegments()[TopologyKey] && len(a.GetSegments()) == 1
+				return a.GetSegments()[controller.TopologyKey] == b.GetSegments()[controller.TopologyKey] && len(a.GetSegments()) == 1
 			}) {
 				t.Errorf("accessible_topology = %v, want this node", resp.GetVolume().GetAccessibleTopology())
 			}
@@ -163,7 +164,7 @@ func TestTopology(t *testing.T) {
 	}
 	// The shared instance ignores topology and reports none.
 	shared := createReq("pvc-shared")
-	shared.Parameters = map[string]string{paramBackend: fastKey}
+	shared.Parameters = map[string]string{backend.ParamBackend: fastKey}
 	shared.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{there}}
 	resp, err := e.CreateVolume(shared)
 	if err != nil || resp.GetVolume().GetAccessibleTopology() != nil {
@@ -184,7 +185,7 @@ func TestTopology(t *testing.T) {
 	if capacity(there, nil) != 0 {
 		t.Error("a node-local pool reported capacity on another node")
 	}
-	if capacity(there, map[string]string{paramBackend: fastKey}) <= 0 {
+	if capacity(there, map[string]string{backend.ParamBackend: fastKey}) <= 0 {
 		t.Error("the shared pool reported no capacity for another node")
 	}
 }

@@ -1,10 +1,8 @@
 package driver
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,110 +10,10 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-
-	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-func TestOperationLocks(t *testing.T) {
-	t.Parallel()
-	l := newOperationLocks()
-	release, err := l.acquire("volume/loop/default/a", "volume loop/default/a")
-	if err != nil {
-		t.Fatalf("first acquire: %v", err)
-	}
-
-	_, err = l.acquire("volume/loop/default/a", "volume loop/default/a")
-	if !errors.Is(err, errdefs.ErrBusy) {
-		t.Fatalf("second acquire: err = %v, want busy", err)
-	}
-	if codeOf(err) != codes.Aborted {
-		t.Fatalf("second acquire maps to %s, want Aborted", codeOf(err))
-	}
-	if !strings.Contains(err.Error(), "volume loop/default/a") || !strings.Contains(err.Error(), "already in progress") {
-		t.Fatalf("busy error %q does not say what is busy", err)
-	}
-
-	other, err := l.acquire("volume/loop/default/b", "volume loop/default/b")
-	if err != nil {
-		t.Fatalf("another key is independent: %v", err)
-	}
-	other()
-
-	release()
-	again, err := l.acquire("volume/loop/default/a", "volume loop/default/a")
-	if err != nil {
-		t.Fatalf("acquire after release: %v", err)
-	}
-	again()
-	if len(l.held) != 0 {
-		t.Fatalf("locks still held after every release: %v", l.held)
-	}
-}
-
-// Of many callers racing for one key, exactly one gets it; the others are
-// refused rather than queued.
-// Releasing twice must not free the key for an operation that took it in between.
-func TestOperationLocksDoubleRelease(t *testing.T) {
-	l := newOperationLocks()
-	release, err := l.acquire("k", "thing")
-	if err != nil {
-		t.Fatal(err)
-	}
-	release()
-	second, err := l.acquire("k", "thing")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second()
-	release() // a stray second call of the first release
-	if _, err := l.acquire("k", "thing"); err == nil {
-		t.Fatal("a repeated release freed a lock held by another operation")
-	}
-}
-
-func TestOperationLocksConcurrent(t *testing.T) {
-	t.Parallel()
-	l := newOperationLocks()
-	const callers = 32
-	var (
-		start    = make(chan struct{})
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		winners  []func()
-		refusals int
-	)
-	for i := 0; i < callers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			release, err := l.acquire("create/pvc-race", "volume name pvc-race")
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if errors.Is(err, errdefs.ErrBusy) {
-					refusals++
-				}
-				return
-			}
-			winners = append(winners, release) // held until every caller has tried
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if len(winners) != 1 || refusals != callers-1 {
-		t.Fatalf("%d callers got the lock and %d were refused; want 1 and %d", len(winners), refusals, callers-1)
-	}
-	winners[0]()
-}
-
 // isHeld reports whether the driver holds the lock key.
-func isHeld(d *Driver, key string) bool {
-	d.locks.mu.Lock()
-	defer d.locks.mu.Unlock()
-	_, ok := d.locks.held[key]
-	return ok
-}
+func isHeld(d *Driver, key string) bool { return d.locks.Held(key) }
 
 // waitHeld waits until an operation running in the background holds key;
 // done reports the operation's early end, which fails the test.
@@ -204,7 +102,7 @@ func TestNodeOperationsAbortWhileVolumeBusy(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	const busy, idle = "loop/default/pvc-busy", "loop/default/pvc-idle"
-	release, err := e.d.locks.acquire("node/"+busy, "test")
+	release, err := e.d.locks.Acquire("node/"+busy, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +133,7 @@ func TestControllerOperationsAbortWhileBusy(t *testing.T) {
 	e.registerNodes(t, defaultKey, "node-a", "node-b")
 	vol := e.mustCreate(t, createReq("pvc-pub"))
 
-	release, err := e.d.locks.acquire("publish/"+vol+"/node-a", "test")
+	release, err := e.d.locks.Acquire("publish/"+vol+"/node-a", "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +148,7 @@ func TestControllerOperationsAbortWhileBusy(t *testing.T) {
 	}
 	wantCode(t, e.ControllerUnpublish(vol, "node-b"), codes.OK)
 
-	release, err = e.d.locks.acquire("volume/"+vol, "test")
+	release, err = e.d.locks.Acquire("volume/"+vol, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/controller"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
@@ -46,8 +47,8 @@ func (s *nodeService) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilit
 
 func (s *nodeService) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
 	resp := &csi.NodeGetInfoResponse{NodeId: s.d.opts.NodeID, MaxVolumesPerNode: s.d.opts.MaxVolumesPerNode}
-	if s.d.hasNodeLocal() {
-		resp.AccessibleTopology = s.d.nodeTopology()
+	if s.d.instances.NodeLocal() {
+		resp.AccessibleTopology = csiTopology(controller.NodeTopology(s.d.opts.NodeID))
 	}
 	return resp, nil
 }
@@ -91,7 +92,7 @@ func (s *nodeService) confineVolumePath(volumeID, p string) (string, error) {
 }
 
 // volume is the node side's handle of a volume whose ID was parsed.
-func (d *Driver) volume(id volumeid.ID, inst *backend.Instance) node.Volume {
+func volume(id volumeid.ID, inst *backend.Instance) node.Volume {
 	return node.Volume{ID: id.String(), Image: id.Image, Attacher: inst.Attacher}
 }
 
@@ -122,7 +123,7 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if err != nil {
 		return nil, err
 	}
-	if _, err := lookupVolumeID("volume_id", req.GetVolumeId()); err != nil && !isStatic(req.GetVolumeContext()) {
+	if _, err := lookupVolumeID("volume_id", req.GetVolumeId()); err != nil && !backend.IsStatic(req.GetVolumeContext()) {
 		return nil, err
 	}
 	readOnly, err := parseReadOnly(req.GetPublishContext())
@@ -148,12 +149,12 @@ func (s *nodeService) NodeStageVolume(ctx context.Context, req *csi.NodeStageVol
 	if t.static != nil {
 		// Recorded first: whatever this stage leaves, the unstage that
 		// follows finds the image.
-		if err := s.d.writeStaticRecord(t.static); err != nil {
+		if err := s.d.node.RecordStatic(*t.static); err != nil {
 			return nil, err
 		}
 	}
 	err = s.d.node.Stage(ctx, node.StageRequest{
-		Volume: t.vol, StagingPath: staging, Access: c.accessType, Mode: c.mode, FsType: c.fsType, MountFlags: c.mountFlags,
+		Volume: t.vol, StagingPath: staging, Access: c.Access, Mode: c.Mode, FsType: c.FsType, MountFlags: c.mountFlags,
 		ReadOnly: readOnly, MkfsOptions: mkfsOptions, PublishContext: req.GetPublishContext(), Encryption: encryption,
 	})
 	if err != nil {
@@ -179,7 +180,7 @@ func (s *nodeService) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return nil, err
 	}
 	if t.static != nil {
-		if err := s.d.removeStaticRecord(t.id); err != nil {
+		if err := s.d.node.ForgetStatic(t.id); err != nil {
 			return nil, err
 		}
 	}
@@ -209,7 +210,7 @@ func (s *nodeService) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	}
 	defer release()
 	err = s.d.node.Publish(ctx, node.PublishRequest{
-		Volume: t.vol, StagingPath: staging, TargetPath: target, Access: c.accessType, Mode: c.mode,
+		Volume: t.vol, StagingPath: staging, TargetPath: target, Access: c.Access, Mode: c.Mode,
 		ReadOnly: req.GetReadonly(), PublishContext: req.GetPublishContext(),
 	})
 	if err != nil {
@@ -260,4 +261,42 @@ func (s *nodeService) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVo
 		{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Used: st.UsedBytes, Available: st.AvailableBytes},
 		{Unit: csi.VolumeUsage_INODES, Total: st.TotalInodes, Used: st.UsedInodes, Available: st.AvailableInodes},
 	}}, nil
+}
+
+// NodeExpandVolume makes the node see an expanded image: the device is
+// refreshed to the image's size and the filesystem on it grown.
+func (s *nodeService) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	if err := requireVolumeID("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	path, err := s.confineVolumePath(req.GetVolumeId(), req.GetVolumePath())
+	if err != nil {
+		return nil, err
+	}
+	staging := req.GetStagingTargetPath()
+	if staging != "" {
+		if staging, err = s.confinePath("staging_target_path", staging); err != nil {
+			return nil, err
+		}
+	}
+	if req.GetVolumeCapability() != nil {
+		if _, err := parseCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+			return nil, err
+		}
+	}
+	if r := req.GetCapacityRange(); r != nil {
+		if _, err := controller.ResolveCapacity(r.GetRequiredBytes(), r.GetLimitBytes(), 0); err != nil {
+			return nil, err
+		}
+	}
+	t, release, err := s.d.lockNodeVolume(req.GetVolumeId(), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	size, err := s.d.node.Expand(ctx, t.vol, path, staging, req.GetCapacityRange().GetRequiredBytes())
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/volumeid"
 )
@@ -251,4 +252,25 @@ func TestNodeRPCsWholeLifecycle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// After a node plugin was killed during mkfs, the mkfs it left running
+// holds the volume's device: the retried NodeStageVolume is ABORTED (kubelet
+// retries it) and names the process, not a mount that is not there.
+func TestNodeStageWhileAnOrphanedMkfsHoldsTheDevice(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.registerNodes(t, defaultKey, testNodeID)
+	vol := e.mustCreate(t, createReq("pvc-orphan"))
+	pc := e.mustPublish(t, vol, testNodeID, mountCap("ext4", snw), false)
+	id, _ := volumeid.Parse(vol)
+	inst := e.d.instances[defaultKey]
+	dev, err := inst.Attacher.Attach(t.Context(), backend.AttachRequest{ImageID: id.Image, NodeID: testNodeID, PublishContext: pc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.host.HoldOpen(dev.Path, 4242, "mkfs.ext4")
+	staging := filepath.Join(t.TempDir(), "staging", "pv", "pvc-orphan", "globalmount")
+	err = e.NodeStage(&csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: staging, VolumeCapability: mountCap("ext4", snw), PublishContext: pc})
+	wantCode(t, err, codes.Aborted, dev.Path, "pid 4242 (mkfs.ext4)", "retry")
 }

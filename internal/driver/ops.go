@@ -122,7 +122,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 func (d *Driver) attachedDevices(ctx context.Context) ([]opsapi.AttachedDevice, []error) {
 	var out []opsapi.AttachedDevice
 	var errs []error
-	for _, key := range d.instanceKeys() {
+	for _, key := range d.instances.Keys() {
 		lister, ok := d.instances[key].Attacher.(backend.DeviceLister)
 		if !ok {
 			continue
@@ -155,7 +155,7 @@ func (d *Driver) volumeCounts() (metrics.VolumeCounts, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
 	counts := metrics.VolumeCounts{Staged: map[string]int{}, Attached: map[string]int{}}
-	for _, key := range d.instanceKeys() {
+	for _, key := range d.instances.Keys() {
 		counts.Staged[key], counts.Attached[key] = 0, 0
 	}
 	var errs []error
@@ -210,11 +210,11 @@ func (d *Driver) resolveVolume(volumeID string) (node.Volume, error) {
 	if err != nil {
 		return node.Volume{}, err
 	}
-	inst, err := d.instanceFor(id)
+	inst, err := d.instances.Serving(id)
 	if err != nil {
 		return node.Volume{}, err
 	}
-	return d.volume(id, inst), nil
+	return volume(id, inst), nil
 }
 
 // ownerOf names the volume whose device dev is, for refusals that say
@@ -237,7 +237,7 @@ func (d *Driver) Images(ctx context.Context) opsapi.Images {
 		GeneratedAt: time.Now().UTC().Truncate(time.Second),
 		Backends:    []opsapi.BackendImages{},
 	}
-	for _, key := range d.instanceKeys() {
+	for _, key := range d.instances.Keys() {
 		b := opsapi.BackendImages{Backend: key, Images: []opsapi.Image{}}
 		imgs, err := d.instances[key].Store.List(ctx)
 		if err != nil {
@@ -254,6 +254,27 @@ func (d *Driver) Images(ctx context.Context) opsapi.Images {
 		out.Backends = append(out.Backends, b)
 	}
 	return out
+}
+
+// addTasks puts an instance's background tasks into its part of the
+// /images document: all of them, and each volume's with the volume.
+func (d *Driver) addTasks(ctx context.Context, b *opsapi.BackendImages) {
+	tasks, ok, err := d.ctrl.Tasks(ctx, b.Backend)
+	if !ok {
+		return
+	}
+	if err != nil {
+		b.TasksError = err.Error()
+	}
+	byImage := map[string][]opsapi.Task{}
+	for _, t := range tasks {
+		o := opsapi.Task{Action: t.Action, Image: t.Image, Progress: t.Progress, InProgress: t.InProgress, Runner: t.Runner, Message: t.Message, Since: t.Since}
+		b.Tasks = append(b.Tasks, o)
+		byImage[t.Image] = append(byImage[t.Image], o)
+	}
+	for i := range b.Images {
+		b.Images[i].Tasks = byImage[b.Images[i].Image]
+	}
 }
 
 // servePost decodes a bounded JSON request (unknown fields refused), runs

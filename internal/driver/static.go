@@ -1,21 +1,11 @@
 package driver
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"strconv"
 
-	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/config"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/node"
-	"github.com/spindle-csi/spindle/internal/volumeid"
 )
 
 // Pre-provisioned volumes. A PersistentVolume may name an image made
@@ -28,77 +18,17 @@ import (
 // handle deletes nothing (it names no Spindle volume). On the node,
 // NodeStage and NodePublish carry the volume context, but NodeUnstage,
 // NodeUnpublish, the stats, the health check and NodeExpandVolume carry
-// only the handle: NodeStage keeps the handle's image in a small record
-// (staticRecord) beside the node plugin's socket, kept across restarts of
-// the plugin, and NodeUnstage removes it.
-
-// staticVolume is a pre-provisioned volume resolved to a backend image.
-type staticVolume struct {
-	Handle  string `json:"handle"`
-	Backend string `json:"backend"` // instance key
-	Image   string `json:"image"`   // the image ID
-}
-
-// staticInstance finds the instance that serves the pre-provisioned
-// volume handle with attributes attrs, and the image it names. field is
-// the request's field for messages.
-func (d *Driver) staticInstance(field, handle string, attrs map[string]string) (*backend.Instance, backend.StaticVolumes, string, error) {
-	if err := refuseEncryptedImage(field, handle, attrs); err != nil {
-		return nil, nil, "", err
-	}
-	var claimed []*backend.Instance
-	for _, key := range d.instanceKeys() {
-		inst := d.instances[key]
-		_, static := inst.Store.(backend.StaticVolumes)
-		p, ok := inst.Store.(backend.Parameters)
-		if static && ok && (attrs[backend.ParamBackend] == key || attrs[backend.ParamBackend] == "" && p.Claims(attrs)) {
-			claimed = append(claimed, inst)
-		}
-	}
-	switch len(claimed) {
-	case 0:
-		return nil, nil, "", errdefs.NotFound("%s %.64q is no Spindle volume ID, and no configured backend serves a pre-provisioned volume with its volume attributes (%s %q)", field, handle, "clusterID", attrs["clusterID"])
-	case 1:
-	default:
-		return nil, nil, "", errdefs.InvalidArgument("%s %.64q: the pre-provisioned volume's attributes fit backends %s and %s; name one with the volume attribute %s", field, handle, claimed[0].Key(), claimed[1].Key(), backend.ParamBackend)
-	}
-	sv := claimed[0].Store.(backend.StaticVolumes)
-	image, err := sv.StaticImage(handle, attrs)
-	if err != nil {
-		return nil, nil, "", errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
-	}
-	if _, err := volumeid.New(claimed[0].Type, claimed[0].Name, image); err != nil {
-		return nil, nil, "", errdefs.Wrap(errdefs.ErrInvalidArgument, err, "volume_context")
-	}
-	return claimed[0], sv, image, nil
-}
-
-// refuseEncryptedImage refuses an image made outside Spindle whose
-// attributes say it is encrypted (ceph-csi puts its StorageClass's
-// encrypted and encryptionKMSID into a volume's attributes): Spindle opens
-// only the encrypted volumes it created, whose wrapped key it keeps with
-// the image; such an image has none of Spindle's, and staging it as plain
-// would hand the pod a LUKS header.
-func refuseEncryptedImage(field, handle string, attrs map[string]string) error {
-	v, ok := attrs[paramEncrypted]
-	if !ok {
-		return nil
-	}
-	if on, err := strconv.ParseBool(v); err == nil && !on {
-		return nil
-	}
-	return errdefs.InvalidArgument("%s %.64q: its volume attributes say %s %q, but Spindle opens only the encrypted volumes it created (it keeps their wrapped key with the image); an image made or encrypted elsewhere (ceph-csi keeps the key in its own KMS) cannot be a pre-provisioned or adopted volume encrypted", field, handle, paramEncrypted, v)
-}
-
-// isStatic reports whether a volume context marks a pre-provisioned volume.
-func isStatic(attrs map[string]string) bool { return attrs[backend.StaticVolumeAttribute] == "true" }
+// only the handle: NodeStage has the node side keep the handle's image in a
+// small record (node.StaticVolume), kept across restarts of the plugin, and
+// NodeUnstage has it removed. The instance and the image a handle names
+// are found by backend.Instances.Static; the controller side publishes
+// them (controller.PublishStatic).
 
 // nodeTarget is the volume a node request acts on.
 type nodeTarget struct {
 	id     string // the request's volume_id: a Spindle ID or a static handle
-	inst   *backend.Instance
 	vol    node.Volume
-	static *staticVolume
+	static *node.StaticVolume
 }
 
 // resolveNodeVolume resolves a node request's volume_id. A Spindle volume
@@ -109,24 +39,24 @@ type nodeTarget struct {
 func (d *Driver) resolveNodeVolume(field, raw string, attrs map[string]string) (nodeTarget, error) {
 	id, perr := lookupVolumeID(field, raw)
 	if perr == nil {
-		inst, err := d.instanceFor(id)
+		inst, err := d.instances.Serving(id)
 		if err != nil {
 			return nodeTarget{}, err
 		}
-		return nodeTarget{id: id.String(), inst: inst, vol: d.volume(id, inst)}, nil
+		return nodeTarget{id: id.String(), vol: volume(id, inst)}, nil
 	}
 	if errdefs.KindOf(perr) != errdefs.ErrNotFound {
 		return nodeTarget{}, perr
 	}
-	var sv *staticVolume
-	if isStatic(attrs) {
-		inst, _, image, err := d.staticInstance(field, raw, attrs)
+	var sv *node.StaticVolume
+	if backend.IsStatic(attrs) {
+		inst, _, image, err := d.instances.Static(field, raw, attrs)
 		if err != nil {
 			return nodeTarget{}, err
 		}
-		sv = &staticVolume{Handle: raw, Backend: inst.Key(), Image: image}
+		sv = &node.StaticVolume{Handle: raw, Backend: inst.Key(), Image: image}
 	} else {
-		rec, err := d.readStaticRecord(raw)
+		rec, err := d.node.StaticVolume(raw)
 		if err != nil || rec == nil {
 			return nodeTarget{}, errors.Join(perr, err)
 		}
@@ -134,81 +64,16 @@ func (d *Driver) resolveNodeVolume(field, raw string, attrs map[string]string) (
 	}
 	inst, ok := d.instances[sv.Backend]
 	if !ok {
-		return nodeTarget{}, errdefs.Precondition("pre-provisioned volume %.64q is of backend %s, which is not configured in this driver (configured: %v)", raw, sv.Backend, d.instanceKeys())
+		return nodeTarget{}, errdefs.Precondition("pre-provisioned volume %.64q is of backend %s, which is not configured in this driver (configured: %v)", raw, sv.Backend, d.instances.Keys())
 	}
 	st, ok := inst.Store.(backend.StaticVolumes)
 	if !ok {
 		return nodeTarget{}, errdefs.Precondition("backend %s serves no pre-provisioned volumes", sv.Backend)
 	}
-	return nodeTarget{id: raw, inst: inst, static: sv, vol: node.Volume{ID: raw, Image: sv.Image, Attacher: st.StaticAttacher()}}, nil
+	return nodeTarget{id: raw, static: sv, vol: node.Volume{ID: raw, Image: sv.Image, Attacher: st.StaticAttacher()}}, nil
 }
 
 // lockNode takes the node lock of a resolved volume.
 func (d *Driver) lockNode(t nodeTarget) (func(), error) {
-	return d.locks.acquire("node/"+t.id, "volume "+t.id)
-}
-
-// staticDir is where this node keeps its records of pre-provisioned
-// volumes: beside its socket, which the chart keeps on the host
-// (<kubelet>/plugins/<driver>), so they outlive the node plugin's pod.
-func (d *Driver) staticDir() (string, error) {
-	socket, err := config.SocketPath(d.opts.Endpoint)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(filepath.Dir(socket), "static-volumes"), nil
-}
-
-func (d *Driver) staticRecordPath(handle string) (string, error) {
-	dir, err := d.staticDir()
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256([]byte(handle))
-	return filepath.Join(dir, hex.EncodeToString(sum[:16])+".json"), nil
-}
-
-// writeStaticRecord records a staged pre-provisioned volume.
-func (d *Driver) writeStaticRecord(sv *staticVolume) error {
-	path, err := d.staticRecordPath(sv.Handle)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(sv)
-	return atomicfile.Write(path, b, 0o600)
-}
-
-// readStaticRecord returns the record of handle, nil when there is none.
-func (d *Driver) readStaticRecord(handle string) (*staticVolume, error) {
-	path, err := d.staticRecordPath(handle)
-	if err != nil {
-		return nil, err
-	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var sv staticVolume
-	if err := json.Unmarshal(b, &sv); err != nil || sv.Handle != handle {
-		return nil, nil // not a record of this handle: none
-	}
-	return &sv, nil
-}
-
-// removeStaticRecord forgets a pre-provisioned volume once it is unstaged.
-func (d *Driver) removeStaticRecord(handle string) error {
-	path, err := d.staticRecordPath(handle)
-	if err != nil {
-		return err
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
+	return d.locks.Acquire("node/"+t.id, "volume "+t.id)
 }

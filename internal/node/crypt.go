@@ -49,7 +49,9 @@ func CryptName(volumeID string) string {
 // LUKS settings. The passphrase is 256 random bits (see kms), so a slow
 // key derivation adds nothing but stage latency and memory (argon2id's
 // default is up to 1 GiB per open): PBKDF2 at cryptsetup's minimum.
-// 4096-byte encryption sectors, as the loop devices use.
+// 4096-byte encryption sectors, as the loop devices use. The header these
+// make takes blockdev.LUKSHeaderBytes of the device, which the controller
+// adds to an encrypted volume's size.
 var luksFormatArgs = []string{
 	"luksFormat", "--type", "luks2", "--batch-mode",
 	"--cipher", "aes-xts-plain64", "--key-size", "512", "--sector-size", "4096",
@@ -59,11 +61,6 @@ var luksFormatArgs = []string{
 
 // keyslotArgs are the key-derivation settings of a slot added by rotation.
 var keyslotArgs = []string{"--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--hash", "sha256"}
-
-// LUKSHeaderBytes is what the LUKS2 header LUKSFormat makes takes of the
-// device: the data starts there (cryptsetup luksDump: "offset: 16777216
-// [bytes]"), so an encrypted volume's filesystem is that much smaller.
-const LUKSHeaderBytes = 16 << 20
 
 // cryptsetup exit statuses (cryptsetup(8)).
 const (

@@ -229,7 +229,7 @@ func TestRealStageFormatsBlankDeviceOnce(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(target, "data")); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("the file is still visible after unmount: %v", err)
 			}
-			if sig, err := d.Probe(ctx, dev); err != nil || sig != (Signature{Type: tc.name, Usage: "filesystem"}) {
+			if sig, err := d.Probe(ctx, dev); err != nil || sig != (blockdev.Signature{Type: tc.name, Usage: "filesystem"}) {
 				t.Fatalf("Probe after format = %+v, %v", sig, err)
 			}
 

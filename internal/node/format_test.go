@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -39,9 +40,9 @@ func blkidFilesystem(fsType string) string {
 	return "DEVNAME=" + testDev + "\nUUID=0b5a8a5e-4f4e-4b8e-9d7e-6a0e3f1c2d11\nBLOCK_SIZE=4096\nTYPE=" + fsType + "\nUSAGE=filesystem\n"
 }
 
-func mustFS(t *testing.T, name string) Filesystem {
+func mustFS(t *testing.T, name string) blockdev.Filesystem {
 	t.Helper()
-	fs, err := LookupFilesystem(name)
+	fs, err := blockdev.LookupFilesystem(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,40 +435,6 @@ func TestEnsureFilesystemRefusesWhatIsNoUsableDevice(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), testDev) {
 				t.Fatalf("error %q does not name the device", err)
-			}
-		})
-	}
-}
-
-func TestProbe(t *testing.T) {
-	tests := []struct {
-		name   string
-		step   *commandtest.Step
-		want   Signature
-		blank  bool
-		String string
-	}{
-		{"nothing found", blkid().Exits(2, ""), Signature{}, true, "no signature"},
-		{"filesystem", blkid().Prints(blkidFilesystem("xfs")), Signature{Type: "xfs", Usage: "filesystem"}, false, "an xfs filesystem"},
-		{"partition table", blkid().Prints("DEVNAME=" + testDev + "\nPTUUID=x\nPTTYPE=gpt\n"), Signature{PTType: "gpt"}, false, "a gpt partition table"},
-		{"swap", blkid().Prints("DEVNAME=" + testDev + "\nVERSION=1\nTYPE=swap\nUSAGE=other\n"), Signature{Type: "swap", Usage: "other"}, false, "a swap signature"},
-		{"lines without '=' are ignored", blkid().Prints("garbage\nTYPE=ext4\nUSAGE=filesystem\n"), Signature{Type: "ext4", Usage: "filesystem"}, false, "an ext4 filesystem"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			d, _ := scriptedHost(t, tc.step)
-			sig, err := d.Probe(context.Background(), testDev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if sig != tc.want {
-				t.Errorf("signature = %+v, want %+v", sig, tc.want)
-			}
-			if sig.Blank() != tc.blank {
-				t.Errorf("Blank() = %v, want %v", sig.Blank(), tc.blank)
-			}
-			if got := sig.String(); got != tc.String {
-				t.Errorf("String() = %q, want %q", got, tc.String)
 			}
 		})
 	}

@@ -37,3 +37,9 @@ func writeMountInfo(t *testing.T, path, content string) string {
 // fakeDeviceSize stands in for the sysfs lookup: the scripted devices
 // (/dev/loop3, ...) are 1 GiB block devices.
 func fakeDeviceSize(string) (int64, error) { return 1 << 30, nil }
+
+// Sizes the tests use.
+const (
+	kib = 1 << 10
+	mib = 1 << 20
+)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+
+	"github.com/spindle-csi/spindle/internal/blockdev"
 )
 
 // Host is everything the node side touches on the machine: the paths kubelet
@@ -35,6 +37,10 @@ type Host interface {
 	// stage record).
 	ReadFile(path string) ([]byte, error)
 	WriteFile(path string, data []byte) error
+	// WriteRecord atomically replaces the small file at path with data and
+	// syncs it, making its directory (mode 0700) if missing: a record that
+	// must outlive a power loss (a pre-provisioned volume's, static.go).
+	WriteRecord(path string, data []byte) error
 	// StageRecords finds the stage records below root (see FindStageRecords).
 	StageRecords(root string, mounts []Mount) ([]FoundStageRecord, error)
 
@@ -61,12 +67,15 @@ type Host interface {
 	// DeviceHeld reports whether something holds the device exclusively:
 	// a mounted filesystem, a device mapper, an O_EXCL open.
 	DeviceHeld(path string) (bool, error)
+	// DeviceOpeners lists the processes that have the device at path open
+	// (as far as this process can see them: /proc of its PID namespace).
+	DeviceOpeners(path string) ([]blockdev.Opener, error)
 
-	// Probe asks blkid what dev holds (see LinuxHost.Probe for the rules).
-	Probe(ctx context.Context, dev string) (Signature, error)
+	// Probe asks blkid what dev holds (see blockdev.Blkid.Probe for the rules).
+	Probe(ctx context.Context, dev string) (blockdev.Signature, error)
 	// Mkfs creates fs on dev with the filesystem's own arguments and then
 	// options; it is never cut short once started.
-	Mkfs(ctx context.Context, fs Filesystem, options []string, dev string) error
+	Mkfs(ctx context.Context, fs blockdev.Filesystem, options []string, dev string) error
 	// FilesystemSize returns the bytes the fsType filesystem on dev spans.
 	FilesystemSize(ctx context.Context, dev, fsType string) (int64, error)
 	// GrowFilesystem grows the fsType filesystem on dev to fill the

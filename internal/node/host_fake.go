@@ -39,6 +39,9 @@ type FakeHost struct {
 	crypts           map[string]*fakeCryptMapping
 	nextCryptMinor   uint32
 	cryptUnavailable bool
+	// openers are the processes that hold a device open exclusively, by
+	// device path (HoldOpen).
+	openers map[string][]blockdev.Opener
 
 	// Devices answers for the device paths AddDevice did not add: a fake
 	// attacher's devices (blockdev.FakeLoopDevices) appear through it.
@@ -110,6 +113,7 @@ func NewFakeHost() *FakeHost {
 		entries:     map[string]*fakeEntry{"/": {typ: os.ModeDir, ino: 1}},
 		filesystems: map[string]*fakeFilesystem{},
 		devices:     map[string]FakeDevice{},
+		openers:     map[string][]blockdev.Opener{},
 		nextIno:     100,
 		nextMount:   1000,
 		Fail:        map[string]error{},
@@ -419,6 +423,13 @@ func (f *FakeHost) WriteFile(path string, data []byte) error {
 	return nil
 }
 
+func (f *FakeHost) WriteRecord(path string, data []byte) error {
+	if err := f.MakeDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	return f.WriteFile(path, data)
+}
+
 func (f *FakeHost) StageRecords(root string, _ []Mount) ([]FoundStageRecord, error) {
 	f.mu.Lock()
 	var paths []string
@@ -611,10 +622,38 @@ func (f *FakeHost) DeviceSize(path string) (int64, error) {
 	return d.Size, nil
 }
 
+// HoldOpen has a process hold the device at path open exclusively, as an
+// mkfs does (O_EXCL): the device is held, and DeviceOpeners names it. A
+// pid of 0 holds it unseen, as a process of another PID namespace would.
+func (f *FakeHost) HoldOpen(path string, pid int, command string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.openers[path] = append(f.openers[path], blockdev.Opener{PID: pid, Command: command})
+}
+
+// ReleaseOpen ends every HoldOpen of the device at path: the processes exited.
+func (f *FakeHost) ReleaseOpen(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.openers, path)
+}
+
+func (f *FakeHost) DeviceOpeners(path string) ([]blockdev.Opener, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []blockdev.Opener
+	for _, o := range f.openers[path] {
+		if o.PID != 0 {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
 func (f *FakeHost) DeviceHeld(path string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.cryptHolds(path) {
+	if f.cryptHolds(path) || len(f.openers[path]) > 0 {
 		return true, nil
 	}
 	for _, m := range f.mounts {
@@ -625,31 +664,31 @@ func (f *FakeHost) DeviceHeld(path string) (bool, error) {
 	return false, nil
 }
 
-func (f *FakeHost) Probe(_ context.Context, dev string) (Signature, error) {
+func (f *FakeHost) Probe(_ context.Context, dev string) (blockdev.Signature, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("probe " + dev); err != nil {
-		return Signature{}, err
+		return blockdev.Signature{}, err
 	}
 	d, ok := f.device(dev)
 	if !ok {
 		// blkid exits 2, silently, for a path that is no device.
-		return Signature{}, nil
+		return blockdev.Signature{}, nil
 	}
 	if fs := f.filesystems[d.Identity]; fs != nil {
 		if fs.fsType == "gpt" {
-			return Signature{PTType: "gpt"}, nil
+			return blockdev.Signature{PTType: "gpt"}, nil
 		}
 		usage := "filesystem"
 		if fs.fsType == "crypto_LUKS" {
 			usage = "crypto"
 		}
-		return Signature{Type: fs.fsType, Usage: usage}, nil
+		return blockdev.Signature{Type: fs.fsType, Usage: usage}, nil
 	}
-	return Signature{}, nil
+	return blockdev.Signature{}, nil
 }
 
-func (f *FakeHost) Mkfs(_ context.Context, fs Filesystem, _ []string, dev string) error {
+func (f *FakeHost) Mkfs(_ context.Context, fs blockdev.Filesystem, _ []string, dev string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("mkfs " + fs.Name + " " + dev); err != nil {

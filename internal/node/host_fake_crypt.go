@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -18,7 +19,7 @@ import (
 // answers are the ones cryptsetup 2.6 prints.
 
 // luksDataOffset is where the LUKS2 header ends and the data starts.
-const luksDataOffset = LUKSHeaderBytes
+const luksDataOffset = blockdev.LUKSHeaderBytes
 
 // fakeCryptMajor is the device-mapper major number the fake gives mappings.
 const fakeCryptMajor = 253

@@ -16,7 +16,6 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/atomicfile"
 	"github.com/spindle-csi/spindle/internal/blockdev"
-	"github.com/spindle-csi/spindle/internal/command"
 )
 
 var _ Host = (*LinuxHost)(nil)
@@ -219,6 +218,14 @@ func (h *LinuxHost) WriteFile(path string, data []byte) error {
 	return atomicfile.WriteVolatile(path, data, 0o600)
 }
 
+// WriteRecord implements Host.
+func (h *LinuxHost) WriteRecord(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(path, data, 0o600)
+}
+
 // StageRecords implements Host.
 func (h *LinuxHost) StageRecords(root string, mounts []Mount) ([]FoundStageRecord, error) {
 	return FindStageRecords(root, mounts)
@@ -236,14 +243,18 @@ func (h *LinuxHost) DeviceSize(path string) (int64, error) { return h.deviceSize
 // DeviceHeld implements Host.
 func (h *LinuxHost) DeviceHeld(path string) (bool, error) { return blockdev.InUse(path) }
 
+// DeviceOpeners implements Host.
+func (h *LinuxHost) DeviceOpeners(path string) ([]blockdev.Opener, error) {
+	return blockdev.Openers("/proc", path)
+}
+
 // Mkfs implements Host. mkfs is not cut short when the caller gives up: a
 // half-written filesystem would look like a filesystem to the retry, which
 // waits on the volume lock (ABORTED) until this one has finished.
-func (h *LinuxHost) Mkfs(ctx context.Context, fs Filesystem, options []string, dev string) error {
-	args := append(append(append([]string{}, fs.mkfsArgs...), options...), dev)
+func (h *LinuxHost) Mkfs(ctx context.Context, fs blockdev.Filesystem, options []string, dev string) error {
 	mkfsCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mkfsTimeout)
 	defer cancel()
-	if _, err := h.run.Exec(mkfsCtx, command.Cmd{Name: fs.mkfs, Args: args}); err != nil {
+	if _, err := h.run.Exec(mkfsCtx, fs.MkfsCommand(options, dev)); err != nil {
 		return fmt.Errorf("create %s filesystem on %s: %w", fs.Name, dev, err)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
@@ -50,7 +51,7 @@ func (d *LinuxHost) FilesystemSize(ctx context.Context, dev, fsType string) (int
 	case "btrfs":
 		args, parse = []string{"btrfs", "inspect-internal", "dump-super", dev}, parseBtrfsSuperSize
 	default:
-		_, err := filesystemNamed(fsType)
+		_, err := blockdev.FilesystemNamed(fsType)
 		return 0, err
 	}
 	out, err := d.run.Run(ctx, args[0], args[1:]...)
@@ -148,7 +149,7 @@ func excerpt(out []byte) string {
 
 // needsGrow reports whether the fsType filesystem on dev is smaller than the
 // device by more than the tail that filesystem leaves unused anyway (see
-// Filesystem.maxUnusedTail), that is, whether the device grew since the
+// blockdev.Filesystem.MaxUnusedTail), that is, whether the device grew since the
 // filesystem was made or last grown. It works mounted or not; NodeStage
 // calls it before mounting an ext4 (which grows offline) and after mounting
 // an xfs or btrfs (which grow only mounted). A volume staged read-only
@@ -156,7 +157,7 @@ func excerpt(out []byte) string {
 // filesystem larger than its device is a precondition failure: its end is
 // unreadable.
 func needsGrow(ctx context.Context, h Host, dev, fsType string) (bool, error) {
-	fs, err := filesystemNamed(fsType)
+	fs, err := blockdev.FilesystemNamed(fsType)
 	if err != nil {
 		return false, err
 	}
@@ -172,7 +173,7 @@ func needsGrow(ctx context.Context, h Host, dev, fsType string) (bool, error) {
 		return false, errdefs.Precondition("the %s filesystem on %s spans %d bytes, more than the device's %d; its end cannot be read (was the image shrunk, or the device not refreshed?)",
 			fsType, dev, fsBytes, deviceBytes)
 	}
-	return deviceBytes-fsBytes > fs.maxUnusedTail, nil
+	return deviceBytes-fsBytes > fs.MaxUnusedTail(), nil
 }
 
 // GrowFilesystem grows the fsType filesystem on dev to fill the device.
@@ -230,7 +231,7 @@ func (d *LinuxHost) GrowFilesystem(ctx context.Context, dev, fsType, mountPath s
 		}
 		return nil
 	}
-	_, err := filesystemNamed(fsType)
+	_, err := blockdev.FilesystemNamed(fsType)
 	return err
 }
 

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
@@ -158,7 +159,7 @@ func TestRealGrowFilesystem(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if grown > newSize || newSize-grown > mustFS(t, tc.fs).maxUnusedTail {
+			if grown > newSize || newSize-grown > mustFS(t, tc.fs).MaxUnusedTail() {
 				t.Errorf("after growing, the filesystem is %d bytes; the device is %d", grown, newSize)
 			}
 			wantNeedsGrow(t, d, dev, tc.fs, false)
@@ -264,7 +265,7 @@ func TestRealFreshFilesystemNeedsNoGrow(t *testing.T) {
 		"xfs":   {300, 2047},
 		"btrfs": {109, 2048},
 	}
-	for _, fs := range SupportedFilesystems() {
+	for _, fs := range blockdev.SupportedFilesystems() {
 		for _, mibs := range sizes[fs] {
 			t.Run(fmt.Sprintf("%s/%dMiB", fs, mibs), func(t *testing.T) {
 				testutil.RequireCommands(t, "mkfs."+fs)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/testutil"
@@ -382,8 +383,8 @@ func TestNeedsGrowMeasuredTails(t *testing.T) {
 		})
 	}
 	// The rule the table relies on, for every filesystem.
-	for _, name := range SupportedFilesystems() {
-		if tail := mustFS(t, name).maxUnusedTail; tail <= 0 || tail >= grownBy {
+	for _, name := range blockdev.SupportedFilesystems() {
+		if tail := mustFS(t, name).MaxUnusedTail(); tail <= 0 || tail >= grownBy {
 			t.Errorf("%s: maxUnusedTail %d must be positive and below %d", name, tail, grownBy)
 		}
 	}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"go.uber.org/zap"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
@@ -23,6 +25,9 @@ type Options struct {
 	// records, are (the inventory and the start-up clean-up look there);
 	// "" when unknown.
 	StageRecordsRoot string
+	// StaticRecordsDir is where the node keeps its records of the
+	// pre-provisioned volumes it stages (static.go); "" when it keeps none.
+	StaticRecordsDir string
 	// OwnerOf names the volume a device belongs to, for refusals that say
 	// whose a path is; it returns "" when no backend claims the device.
 	OwnerOf func(ctx context.Context, device string) string
@@ -197,8 +202,10 @@ func stagedAsAsked(p *Place, r StageRequest) (bool, error) {
 }
 
 // refuseStagedElsewhere refuses to stage a filesystem volume whose device
-// already holds a mount on this node: a volume is staged at one path per
-// node. Only then is the mount table read, to say where.
+// is in use on this node. A mount of it is the volume staged at another
+// path (a volume is staged at one path per node), and stays refused; a
+// device mounted nowhere is held by a process (heldOpen). Only then is the
+// mount table read, to say which.
 func (v *Volumes) refuseStagedElsewhere(vol Volume, attached []backend.Device) error {
 	for _, d := range attached {
 		held, err := v.heldDevice(vol, d.Path)
@@ -208,32 +215,56 @@ func (v *Volumes) refuseStagedElsewhere(vol Volume, attached []backend.Device) e
 		if held == "" {
 			continue
 		}
-		where := "another path"
-		if m := v.mountOfDevice(held); m != "" {
-			where = m
+		where, err := v.mountOfDevice(held)
+		if err != nil {
+			return err
+		}
+		if where == "" {
+			return v.heldOpen(vol, held)
 		}
 		return errdefs.Precondition("volume %s is already staged on this node at %s (its device %s is mounted there); a volume is staged at one path per node", vol.ID, where, held)
 	}
 	return nil
 }
 
+// heldOpen is the answer to a request that finds the volume's device dev
+// in use but mounted nowhere: a process holds it open exclusively, most
+// often the mkfs (or e2fsck) of a stage whose node plugin was killed, which
+// carries on without it. That passes, so the answer is ErrBusy (ABORTED),
+// naming the process where /proc shows it: kubelet's retry succeeds once
+// it has exited.
+func (v *Volumes) heldOpen(vol Volume, dev string) error {
+	openers, err := v.host.DeviceOpeners(dev)
+	if err != nil {
+		v.log.Warn("cannot tell which process holds a device", zap.String("volumeID", vol.ID), zap.String("device", dev), zap.Error(err))
+	}
+	if len(openers) == 0 {
+		return errdefs.Busy("volume %s is not staged on this node, but its device %s is in use: it is mounted nowhere here, and no process this node plugin can see holds it open (a process or a mount of another namespace?); a retry succeeds once it is let go", vol.ID, dev)
+	}
+	names := make([]string, 0, len(openers))
+	for _, o := range openers {
+		names = append(names, o.String())
+	}
+	return errdefs.Busy("volume %s is not staged on this node, but its device %s is held open by another process, %s, and mounted nowhere (a mkfs left running by a node plugin that was stopped looks like this); a retry succeeds once it exits", vol.ID, dev, strings.Join(names, ", "))
+}
+
 // mountOfDevice finds a mount point of the filesystem on dev in the mount
 // table, or "".
-func (v *Volumes) mountOfDevice(dev string) string {
+func (v *Volumes) mountOfDevice(dev string) (string, error) {
 	mounts, err := v.host.Mounts()
 	if err != nil {
-		return ""
+		return "", err
 	}
 	info, err := v.host.Stat(dev)
 	if err != nil {
-		return ""
+		return "", err
 	}
 	for i := range mounts {
 		if mounts[i].IsMountOf(dev, info.Rdev.Major, info.Rdev.Minor) {
-			return mounts[i].MountPoint
+			return mounts[i].MountPoint, nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // newRecord is the stage record of a stage that starts now, keeping the
@@ -270,9 +301,9 @@ func (v *Volumes) stageFilesystem(ctx context.Context, r StageRequest, dev *back
 		fsName = dev.FsType
 	}
 	if fsName == "" {
-		fsName = DefaultFsType
+		fsName = blockdev.DefaultFsType
 	}
-	fs, err := LookupFilesystem(fsName)
+	fs, err := blockdev.LookupFilesystem(fsName)
 	if err != nil {
 		return err
 	}
@@ -314,7 +345,7 @@ type observedHost struct {
 	observe func(fsType string, err error)
 }
 
-func (o observedHost) Mkfs(ctx context.Context, fs Filesystem, options []string, dev string) error {
+func (o observedHost) Mkfs(ctx context.Context, fs blockdev.Filesystem, options []string, dev string) error {
 	err := o.Host.Mkfs(ctx, fs, options, dev)
 	o.observe(fs.Name, err)
 	return err
@@ -417,7 +448,13 @@ func (v *Volumes) Unstage(ctx context.Context, vol Volume, staging string) error
 			if held, err := v.heldDevice(vol, d.Path); err != nil {
 				return err
 			} else if held != "" {
-				where := v.mountOfDevice(held)
+				where, err := v.mountOfDevice(held)
+				if err != nil {
+					return err
+				}
+				if where == "" {
+					return v.heldOpen(vol, held)
+				}
 				return errdefs.Precondition("volume %s is not staged at %s, but its device %s is mounted at %s; unpublish and unstage it where it is", vol.ID, staging, held, where)
 			}
 		}

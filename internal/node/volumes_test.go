@@ -503,3 +503,63 @@ func TestInventoryAndBoot(t *testing.T) {
 	}
 	_ = os.ErrNotExist
 }
+
+// A node plugin killed during mkfs leaves the mkfs running, holding the
+// volume's device open. The retried stage (and an unstage meanwhile) says
+// what is true: the device is held open by a process, named where /proc
+// shows it, not mounted anywhere; ABORTED, so it is retried, and nothing
+// changes. Once the mkfs has exited, the stage succeeds and mounts what it
+// made without formatting again.
+func TestStageWhileAnOrphanedMkfsHoldsTheDevice(t *testing.T) {
+	tests := []struct {
+		name    string
+		pid     int // 0: a holder /proc does not show
+		command string
+		want    []string
+	}{
+		{"the process is in sight", 4242, "mkfs.ext4", []string{"held open by another process, pid 4242 (mkfs.ext4), and mounted nowhere", "a retry succeeds once it exits"}},
+		{"no process in sight", 0, "", []string{"mounted nowhere here, and no process this node plugin can see holds it open", "a retry succeeds once it is let go"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			ctx := context.Background()
+			tv := w.newVolume("pvc-orphan", backend.AccessMount, backend.SingleNodeWriter, false)
+			// The first stage attached the device, ran mkfs and was killed.
+			dev, err := tv.Attacher.Attach(ctx, backend.AttachRequest{ImageID: tv.Image, NodeID: worldNode, PublishContext: tv.pc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.host.HoldOpen(dev.Path, tc.pid, tc.command)
+			before := w.state()
+			for _, call := range []struct {
+				name string
+				err  error
+			}{
+				{"stage", w.v.Stage(ctx, w.stageReq(tv))},
+				{"unstage elsewhere", w.v.Unstage(ctx, tv.Volume, filepath.Join(w.kubelet, "plugins/other/globalmount"))},
+			} {
+				wantKind(t, call.err, errdefs.ErrBusy, append([]string{"volume " + tv.ID, "its device " + dev.Path}, tc.want...)...)
+				if errors.Is(call.err, errdefs.ErrPrecondition) || strings.Contains(call.err.Error(), "mounted there") {
+					t.Fatalf("%s: %v; the device is mounted nowhere", call.name, call.err)
+				}
+				if after := w.state(); !after.equal(before) {
+					t.Fatalf("%s while the device is held changed the node:\nbefore %+v\nafter  %+v", call.name, before, after)
+				}
+			}
+			if n := countCalls(w.host.Calls, "mkfs"); n != 0 {
+				t.Fatalf("mkfs ran %d times while another mkfs held the device", n)
+			}
+			// The orphan finishes its filesystem and exits.
+			w.host.SetFilesystem(w.pool.ImagePath(tv.Image), "ext4", 64*mib)
+			w.host.ReleaseOpen(dev.Path)
+			w.mustStage(tv)
+			if info, err := w.host.Stat(tv.staging); err != nil || !info.MountRoot || info.FsType != "ext4" {
+				t.Fatalf("after the retry the staging path holds %+v, %v; want the ext4 mount", info, err)
+			}
+			if n := countCalls(w.host.Calls, "mkfs"); n != 0 {
+				t.Fatalf("the retry formatted the volume again (%d mkfs)", n)
+			}
+		})
+	}
+}

@@ -69,12 +69,12 @@ var zeroChunk = make([]byte, copyChunk)
 // copySource is what a clone or snapshot copies: a volume's image or a
 // snapshot's, as its record describes it.
 type copySource struct {
-	what       string // "volume pvc-a", "snapshot snapshot-1", for messages
-	path       string
-	sizeBytes  int64 // the recorded size: the copy holds this much of the file
-	accessType backend.AccessType
-	fsType     string
-	formatted  bool
+	what string // "volume pvc-a", "snapshot snapshot-1", for messages
+	path string
+	// CopySource: the recorded size (the copy holds this much of the
+	// file), access type and fs type.
+	backend.CopySource
+	formatted bool
 	// publishedTo are the nodes that may be writing the source right now:
 	// a volume's attachments; never any for a snapshot.
 	publishedTo []string
@@ -96,23 +96,6 @@ func validSource(src *backend.ContentSource) error {
 	return errdefs.InvalidArgument("the content source names neither a snapshot nor a volume")
 }
 
-func sameSource(a, b *backend.ContentSource) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-func describeSource(src *backend.ContentSource) string {
-	switch {
-	case src == nil:
-		return "nothing"
-	case src.SnapshotID != "":
-		return "snapshot " + src.SnapshotID
-	}
-	return "volume " + src.ImageID
-}
-
 // volumeSource reads a volume as a copy source. The caller holds the pool lock.
 func (s *Store) volumeSource(id string) (*copySource, error) {
 	rec, err := s.read(id)
@@ -125,9 +108,7 @@ func (s *Store) volumeSource(id string) (*copySource, error) {
 	src := &copySource{
 		what:       "volume " + id,
 		path:       s.ImagePath(id),
-		sizeBytes:  rec.CapacityBytes,
-		accessType: rec.AccessType,
-		fsType:     rec.FsType,
+		CopySource: backend.CopySource{SizeBytes: rec.CapacityBytes, AccessType: rec.AccessType, FsType: rec.FsType},
 		formatted:  rec.Formatted,
 	}
 	for _, a := range rec.Attachments {
@@ -148,9 +129,7 @@ func (s *Store) snapshotSource(id string) (*copySource, error) {
 	return &copySource{
 		what:       "snapshot " + id,
 		path:       s.snapshotImagePath(id),
-		sizeBytes:  rec.SizeBytes,
-		accessType: rec.AccessType,
-		fsType:     rec.FsType,
+		CopySource: backend.CopySource{SizeBytes: rec.SizeBytes, AccessType: rec.AccessType, FsType: rec.FsType},
 		formatted:  rec.Formatted,
 	}, nil
 }
@@ -159,7 +138,8 @@ func (s *Store) snapshotSource(id string) (*copySource, error) {
 // writes its record. The copy keeps the source's access type, filesystem and
 // "formatted" flag: a restored volume must never be formatted again. The
 // caller holds the pool lock; a failure leaves nothing behind.
-func (s *Store) createCopy(ctx context.Context, img backend.Image, source backend.ContentSource) (*backend.Image, error) {
+func (s *Store) createCopy(ctx context.Context, img backend.Image, spec backend.VolumeSpec) (*backend.Image, error) {
+	source := *spec.Source
 	var src *copySource
 	var err error
 	if source.SnapshotID != "" {
@@ -170,17 +150,11 @@ func (s *Store) createCopy(ctx context.Context, img backend.Image, source backen
 	if err != nil {
 		return nil, err
 	}
-	if img.AccessType != src.accessType {
-		return nil, errdefs.InvalidArgument("%s is a %s volume; a copy of it cannot be a %s volume", src.what, src.accessType, img.AccessType)
+	if err := backend.CopyFits(spec, src.CopySource); err != nil {
+		return nil, err
 	}
-	if img.FsType != "" && src.fsType != "" && img.FsType != src.fsType {
-		return nil, errdefs.InvalidArgument("%s has fs type %s; a copy keeps its filesystem and cannot be %s", src.what, src.fsType, img.FsType)
-	}
-	if img.CapacityBytes < src.sizeBytes {
-		return nil, errdefs.OutOfRange("%s is %d bytes; a copy of it cannot be smaller, and %d bytes were asked", src.what, src.sizeBytes, img.CapacityBytes)
-	}
-	if src.fsType != "" {
-		img.FsType = src.fsType
+	if src.FsType != "" {
+		img.FsType = src.FsType
 	}
 	img.Formatted = src.formatted
 	img.Source = &source
@@ -200,7 +174,7 @@ func (s *Store) createCopy(ctx context.Context, img backend.Image, source backen
 	return img.Clone(), nil
 }
 
-// copyImage creates dst as a copy of src's first src.sizeBytes bytes, grown
+// copyImage creates dst as a copy of src's first src.SizeBytes bytes, grown
 // to sizeBytes, and syncs it. On failure dst is removed.
 func (s *Store) copyImage(ctx context.Context, dst string, src *copySource, sizeBytes int64) (copyMethod, error) {
 	in, err := os.Open(src.path)
@@ -247,7 +221,7 @@ func (s *Store) copyData(ctx context.Context, dst, src *os.File, source *copySou
 		// The clone has the source file's length, which is more than its
 		// record says after an interrupted Expand; the copy is what the
 		// record says.
-		if err := dst.Truncate(source.sizeBytes); err != nil {
+		if err := dst.Truncate(source.SizeBytes); err != nil {
 			return 0, spaceError(err, "size the copy of %s", source.what)
 		}
 		return copyReflink, nil
@@ -263,7 +237,7 @@ func (s *Store) copyData(ctx context.Context, dst, src *os.File, source *copySou
 	if err := s.checkCopySpace(src, source); err != nil {
 		return 0, err
 	}
-	if err := sparseCopy(ctx, dst, src, source.sizeBytes); err != nil {
+	if err := sparseCopy(ctx, dst, src, source.SizeBytes); err != nil {
 		return 0, fmt.Errorf("copy %s: %w", source.what, err)
 	}
 	return copySparse, nil

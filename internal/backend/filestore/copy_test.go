@@ -211,7 +211,7 @@ func TestCopyByPoolFilesystem(t *testing.T) {
 
 			// The method the pool's filesystem gets, and the hole kept.
 			dst := filepath.Join(s.Dir(), "method-check.img")
-			method, err := s.copyImage(ctx, dst, &copySource{what: "volume " + src.ID, path: s.ImagePath(src.ID), sizeBytes: src.CapacityBytes}, src.CapacityBytes)
+			method, err := s.copyImage(ctx, dst, &copySource{what: "volume " + src.ID, path: s.ImagePath(src.ID), CopySource: backend.CopySource{SizeBytes: src.CapacityBytes}}, src.CapacityBytes)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -236,7 +236,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			if rec.Name != spec.Name {
 				return errdefs.AlreadyExists("image %s belongs to volume name %q, not %q", id, rec.Name, spec.Name)
 			}
-			if err := compatible(&rec.Image, spec); err != nil {
+			if err := backend.Compatible(&rec.Image, spec); err != nil {
 				return err
 			}
 			// Answering "created" for a volume whose data is gone would
@@ -271,7 +271,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 			Encryption:        spec.Encryption.Clone(),
 		}
 		if spec.Source != nil {
-			img, err := s.createCopy(ctx, img, *spec.Source)
+			img, err := s.createCopy(ctx, img, spec)
 			if err != nil {
 				return err
 			}
@@ -380,41 +380,6 @@ func (s *Store) ProvisionedBytes() (int64, error) {
 		sum += r.CapacityBytes
 	}
 	return sum, nil
-}
-
-// compatible says whether an existing image satisfies a repeated request.
-func compatible(img *backend.Image, spec backend.VolumeSpec) error {
-	var diffs []string
-	if spec.RequiredBytes > 0 && img.CapacityBytes < spec.RequiredBytes {
-		diffs = append(diffs, fmt.Sprintf("its size %d is below the required %d bytes", img.CapacityBytes, spec.RequiredBytes))
-	}
-	if spec.LimitBytes > 0 && img.CapacityBytes > spec.LimitBytes {
-		diffs = append(diffs, fmt.Sprintf("its size %d is above the limit of %d bytes", img.CapacityBytes, spec.LimitBytes))
-	}
-	if spec.RequiredBytes == 0 && spec.LimitBytes == 0 && img.CapacityBytes != spec.CapacityBytes {
-		diffs = append(diffs, fmt.Sprintf("its size is %d bytes, not %d", img.CapacityBytes, spec.CapacityBytes))
-	}
-	if img.AccessType != spec.AccessType {
-		diffs = append(diffs, fmt.Sprintf("it is a %s volume, not %s", img.AccessType, spec.AccessType))
-	}
-	// A copy inherits its source's fs type, so a request that names none
-	// asked for whatever the source had.
-	if img.FsType != spec.FsType && (spec.Source == nil || spec.FsType != "") {
-		diffs = append(diffs, fmt.Sprintf("its fs type is %q, not %q", img.FsType, spec.FsType))
-	}
-	if !maps.Equal(img.Parameters, spec.Parameters) {
-		diffs = append(diffs, fmt.Sprintf("its parameters are %v, not %v", img.Parameters, spec.Parameters))
-	}
-	if !maps.Equal(img.MutableParameters, spec.MutableParameters) {
-		diffs = append(diffs, fmt.Sprintf("its mutable parameters are %v, not %v", img.MutableParameters, spec.MutableParameters))
-	}
-	if !sameSource(img.Source, spec.Source) {
-		diffs = append(diffs, fmt.Sprintf("it was copied from %s, not from %s", describeSource(img.Source), describeSource(spec.Source)))
-	}
-	if len(diffs) > 0 {
-		return errdefs.AlreadyExists("volume %q already exists and %s", img.Name, strings.Join(diffs, "; "))
-	}
-	return nil
 }
 
 // Delete implements backend.ImageStore.

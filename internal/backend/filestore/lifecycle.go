@@ -32,11 +32,10 @@ func (s *Store) List(context.Context) ([]*backend.Image, error) {
 // record, and the retried Expand writes the record.
 func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend.Image, error) {
 	return s.Update(ctx, id, func(img *backend.Image) error {
-		switch {
-		case newBytes == img.CapacityBytes:
+		if grow, err := backend.CheckExpand(id, img.CapacityBytes, newBytes); err != nil {
+			return err
+		} else if !grow {
 			return ErrUnchanged
-		case newBytes < img.CapacityBytes:
-			return errdefs.OutOfRange("volume %s is %d bytes and cannot shrink to %d bytes", id, img.CapacityBytes, newBytes)
 		}
 		if err := s.checkSpace(newBytes - img.CapacityBytes); err != nil {
 			return err

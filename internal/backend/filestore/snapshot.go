@@ -81,15 +81,15 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 			ID:            id,
 			Name:          spec.Name,
 			SourceImageID: spec.SourceImageID,
-			SizeBytes:     src.sizeBytes,
+			SizeBytes:     src.SizeBytes,
 			CreatedAt:     time.Now().UTC().Truncate(time.Second),
 			ReadyToUse:    true,
-			AccessType:    src.accessType,
-			FsType:        src.fsType,
+			AccessType:    src.AccessType,
+			FsType:        src.FsType,
 			Formatted:     src.formatted,
 			Encryption:    spec.Encryption.Clone(),
 		}
-		if _, err := s.copyImage(ctx, s.snapshotImagePath(id), src, src.sizeBytes); err != nil {
+		if _, err := s.copyImage(ctx, s.snapshotImagePath(id), src, src.SizeBytes); err != nil {
 			return err
 		}
 		if err := s.writeSnapshot(&snapshotRecord{Snapshot: snap}); err != nil {

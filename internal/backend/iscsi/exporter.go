@@ -54,7 +54,7 @@ func (e *targets) export(fs *filestore.Store, img *backend.Image, chap *CHAP) (E
 		ImagePath: fs.ImagePath(img.ID),
 		Serial:    Serial(e.instance, img.ID),
 		CHAP:      chap,
-		DirectIO:  img.MutableParameters[MutableParamDirectIO] == "true",
+		DirectIO:  backend.DirectIO(img, false),
 	}
 	for _, a := range img.Attachments {
 		iqn, err := InitiatorIQN(e.cfg.InitiatorPrefix, a.NodeID)

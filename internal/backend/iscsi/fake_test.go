@@ -11,8 +11,8 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/conformance"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
@@ -69,27 +69,27 @@ func (f *fakeTool) get(iqn string) (Export, bool) {
 	return e, ok
 }
 
-// fakeProber answers for image files as node.LinuxHost.Probe does with
+// fakeProber answers for image files as blockdev.Blkid.Probe does with
 // blkid's answers: blank unless the test says what a file holds.
 type fakeProber struct {
 	mu     sync.Mutex
-	holds  map[string]node.Signature
+	holds  map[string]blockdev.Signature
 	err    error
 	probed []string
 }
 
-func (f *fakeProber) Probe(_ context.Context, path string) (node.Signature, error) {
+func (f *fakeProber) Probe(_ context.Context, path string) (blockdev.Signature, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.probed = append(f.probed, filepath.Base(path))
 	return f.holds[path], f.err
 }
 
-func (f *fakeProber) set(path string, sig node.Signature) {
+func (f *fakeProber) set(path string, sig blockdev.Signature) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.holds == nil {
-		f.holds = map[string]node.Signature{}
+		f.holds = map[string]blockdev.Signature{}
 	}
 	f.holds[path] = sig
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // Where the "formatted" fact of an iSCSI volume lives.
@@ -86,9 +86,9 @@ func (s *Store) learnFormatted(ctx context.Context, imageID string) error {
 }
 
 // signatureProber tells what an image file holds: "blkid -p", as a node
-// asks of a device before it formats one (node.LinuxHost.Probe). Blank
+// asks of a device before it formats one (blockdev.Blkid). Blank
 // only for exit status 2 with nothing on stderr; any other failure, more
 // than one signature included, is an error.
 type signatureProber interface {
-	Probe(ctx context.Context, path string) (node.Signature, error)
+	Probe(ctx context.Context, path string) (blockdev.Signature, error)
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/spindle-csi/spindle/internal/backend"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command/commandtest"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
@@ -53,13 +53,13 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 	unpublish(img.ID, "node-a")
 
 	// node-a's mkfs made xfs after all (its capability said so).
-	probe.set(fs.ImagePath(img.ID), node.Signature{Type: "xfs", Usage: "filesystem"})
+	probe.set(fs.ImagePath(img.ID), blockdev.Signature{Type: "xfs", Usage: "filesystem"})
 	wantContext("the volume after a node formatted it", publish(img.ID, "node-b"), "true", "xfs", "mount")
 	if got, _ := inst.Store.Get(ctx, img.ID); !got.Formatted || got.FsType != "xfs" {
 		t.Fatalf("the record after the publish: Formatted %t FsType %q, want formatted xfs", got.Formatted, got.FsType)
 	}
 	// Recorded: no more probing, whatever the file holds now.
-	probe.set(fs.ImagePath(img.ID), node.Signature{})
+	probe.set(fs.ImagePath(img.ID), blockdev.Signature{})
 	probe.probed = nil
 	wantContext("a repeated publish", publish(img.ID, "node-b"), "true", "xfs", "mount")
 	if len(probe.probed) != 0 {
@@ -74,7 +74,7 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe.set(fs.ImagePath(copied.ID), node.Signature{})
+	probe.set(fs.ImagePath(copied.ID), blockdev.Signature{})
 	wantContext("a clone", publish(copied.ID, "node-a"), "true", "xfs", "mount")
 
 	// Anything but a filesystem counts as formatted, keeping the fs type.
@@ -84,7 +84,7 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe.set(fs.ImagePath(parted.ID), node.Signature{PTType: "gpt"})
+	probe.set(fs.ImagePath(parted.ID), blockdev.Signature{PTType: "gpt"})
 	wantContext("a volume holding a partition table", publish(parted.ID, "node-a"), "true", "ext4", "mount")
 
 	block, err := inst.Store.Create(ctx, backend.VolumeSpec{Name: "pvc-block", CapacityBytes: 1 << 20, AccessType: backend.AccessBlock})
@@ -92,7 +92,7 @@ func TestPublishHandsTheNodeTheFormattedFact(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe.probed = nil
-	probe.set(fs.ImagePath(block.ID), node.Signature{Type: "ext4", Usage: "filesystem"})
+	probe.set(fs.ImagePath(block.ID), blockdev.Signature{Type: "ext4", Usage: "filesystem"})
 	wantContext("a block volume", publish(block.ID, "node-a"), "false", "", "block")
 	if len(probe.probed) != 0 {
 		t.Errorf("a block volume's image was probed: %v", probe.probed)
@@ -108,7 +108,7 @@ func TestPublishRefusedWhenTheImageCannotBeProbed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What node.LinuxHost.Probe answers for a file blkid could not open.
+	// What blockdev.Blkid.Probe answers for a file blkid could not open.
 	probe.err = errors.New("cannot tell what /pool/x.img holds: exit status 2: blkid: error: /pool/x.img: Permission denied")
 	_, err = inst.Exporter.Publish(ctx, img.ID, backend.Attachment{NodeID: "node-a", AccessMode: backend.SingleNodeWriter})
 	testutil.WantKind(t, err, errdefs.ErrUnavailable, img.ID, "Permission denied")

@@ -71,9 +71,9 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/backend/filestore"
+	"github.com/spindle-csi/spindle/internal/blockdev"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
-	"github.com/spindle-csi/spindle/internal/node"
 )
 
 // Type is the backend name in volume IDs and in the config.
@@ -94,22 +94,11 @@ const (
 // default) goes through it. It takes effect when the volume's target is
 // next built, at its first publish after being unpublished everywhere. LIO
 // ignores it: its fileio backstores run with write_back=false always.
-const MutableParamDirectIO = "directIO"
+const MutableParamDirectIO = backend.MutableParamDirectIO
 
-// validateMutable accepts MutableParamDirectIO with "true" or "false".
-func validateMutable(mutable map[string]string) error {
-	for k, v := range mutable {
-		switch k {
-		case MutableParamDirectIO:
-			if v != "true" && v != "false" {
-				return errdefs.InvalidArgument("mutable parameter %s=%q: the value must be \"true\" or \"false\"", k, v)
-			}
-		default:
-			return errdefs.InvalidArgument("mutable parameter %q is not supported by the iscsi backend (it supports %s)", k, MutableParamDirectIO)
-		}
-	}
-	return nil
-}
+// validateMutable accepts MutableParamDirectIO with "true" or "false" and
+// nothing else.
+var validateMutable = backend.DirectIOOnly(Type)
 
 // CHAP secret keys, as open-iscsi names them.
 const (
@@ -342,7 +331,7 @@ func New(name string, cfg Config, run *command.Runner) (*backend.Instance, error
 	default:
 		conn = newKernel(run, cfg.StateDir)
 	}
-	return newInstance(name, cfg, tool, conn, node.NewLinuxHost(run))
+	return newInstance(name, cfg, tool, conn, blockdev.NewBlkid(run))
 }
 
 func newInstance(name string, cfg Config, tool targetTool, conn connector, probe signatureProber) (*backend.Instance, error) {

@@ -13,9 +13,7 @@ package loop
 import (
 	"context"
 	"fmt"
-	"maps"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/spindle-csi/spindle/internal/backend"
@@ -39,7 +37,7 @@ const ContextImagePath = "imagePath"
 // pool where direct I/O is slow or unavailable, at the cost of caching the
 // data twice. It takes effect at the next attach of the volume; a device
 // already attached keeps its mode.
-const MutableParamDirectIO = "directIO"
+const MutableParamDirectIO = backend.MutableParamDirectIO
 
 // Config is one loop instance of the config file.
 type Config struct {
@@ -104,25 +102,11 @@ func NewWithLoopDevices(name string, cfg Config, loops blockdev.LoopDevices) (*b
 
 // validateMutable accepts MutableParamDirectIO with "true" or "false" and
 // nothing else.
-func validateMutable(mutable map[string]string) error {
-	for _, k := range slices.Sorted(maps.Keys(mutable)) {
-		v := mutable[k]
-		switch k {
-		case MutableParamDirectIO:
-			if v != "true" && v != "false" {
-				return errdefs.InvalidArgument("mutable parameter %s=%q: the value must be \"true\" or \"false\"", k, v)
-			}
-		default:
-			return errdefs.InvalidArgument("mutable parameter %q is not supported by the loop backend (it supports %s)", k, MutableParamDirectIO)
-		}
-	}
-	return nil
-}
+var validateMutable = backend.DirectIOOnly(Type)
 
-// directIO says whether the image is to be attached with direct I/O.
-func directIO(img *backend.Image) bool {
-	return img.MutableParameters[MutableParamDirectIO] != "false"
-}
+// directIO says whether the image is to be attached with direct I/O: it
+// is, unless the volume says otherwise.
+func directIO(img *backend.Image) bool { return backend.DirectIO(img, true) }
 
 // exportHooks give a loop grant its publish_context: the image's path,
 // which the node checks against its own view of the pool.

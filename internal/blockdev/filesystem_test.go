@@ -1,4 +1,4 @@
-package node
+package blockdev
 
 import (
 	"errors"
@@ -15,15 +15,15 @@ func TestLookupFilesystem(t *testing.T) {
 		if err != nil {
 			t.Fatalf("LookupFilesystem(%q): %v", name, err)
 		}
-		if fs.Name != name || fs.mkfs != "mkfs."+name || fs.MinBytes <= 0 {
+		if fs.Name != name || fs.MkfsCommand(nil, "/dev/x").Name != "mkfs."+name || fs.MinBytes <= 0 {
 			t.Errorf("LookupFilesystem(%q) = %+v", name, fs)
 		}
 	}
 	if fs, err := LookupFilesystem(""); err != nil || fs.Name != DefaultFsType {
 		t.Errorf("LookupFilesystem(\"\") = %+v, %v; want the default, %s", fs, err, DefaultFsType)
 	}
-	if _, err := filesystemNamed(""); !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Errorf("filesystemNamed(\"\") = %v, want an invalid argument: a filesystem on a device has a name", err)
+	if _, err := FilesystemNamed(""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("FilesystemNamed(\"\") = %v, want an invalid argument: a filesystem on a device has a name", err)
 	}
 
 	for _, name := range []string{"ntfs", "ext4 ", "vfat"} {
@@ -75,5 +75,38 @@ func TestMountOptions(t *testing.T) {
 	_ = xfs.MountOptions([]string{"noatime", "largeio"}, true)
 	if got := mustFS(t, "xfs").MountOptions(nil, false); !slices.Equal(got, []string{"nouuid"}) {
 		t.Errorf("after another call, xfs.MountOptions(nil, false) = %q, want [nouuid]", got)
+	}
+}
+
+func mustFS(t *testing.T, name string) Filesystem {
+	t.Helper()
+	fs, err := LookupFilesystem(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// The mkfs command line is the filesystem's arguments, the StorageClass's
+// options, then the device; building it never writes into the table.
+func TestMkfsCommand(t *testing.T) {
+	tests := []struct {
+		fs      string
+		options []string
+		want    []string
+	}{
+		{"ext4", nil, []string{"-q", "-b", "4096", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", "/dev/loop3"}},
+		{"xfs", []string{"-m", "reflink=1"}, []string{"-q", "-K", "-s", "size=4096", "-m", "reflink=1", "/dev/loop3"}},
+		{"btrfs", []string{"-L", "data"}, []string{"-q", "-K", "-L", "data", "/dev/loop3"}},
+	}
+	for _, tc := range tests {
+		cmd := mustFS(t, tc.fs).MkfsCommand(tc.options, "/dev/loop3")
+		if cmd.Name != "mkfs."+tc.fs || !slices.Equal(cmd.Args, tc.want) {
+			t.Errorf("%s: MkfsCommand = %s %q, want mkfs.%s %q", tc.fs, cmd.Name, cmd.Args, tc.fs, tc.want)
+		}
+		cmd.Args[0] = "changed"
+		if again := mustFS(t, tc.fs).MkfsCommand(tc.options, "/dev/loop3"); !slices.Equal(again.Args, tc.want) {
+			t.Errorf("%s: a caller's change to the command reached the table: %q", tc.fs, again.Args)
+		}
 	}
 }

@@ -4,61 +4,12 @@ import (
 	"context"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
 	"github.com/spindle-csi/spindle/internal/backend"
-	"github.com/spindle-csi/spindle/internal/errdefs"
 )
-
-// fakeGroups is a GroupSnapshotter that records group snapshots in memory
-// over the instance's own snapshots.
-type fakeGroups struct {
-	snaps  backend.Snapshotter
-	groups map[string]*backend.GroupSnapshot
-	specs  map[string][]string
-}
-
-func (f *fakeGroups) CreateGroupSnapshot(ctx context.Context, spec backend.GroupSnapshotSpec) (*backend.GroupSnapshot, error) {
-	id := "group-" + spec.Name
-	if g, ok := f.groups[id]; ok {
-		if !slices.Equal(f.specs[id], spec.SourceImageIDs) {
-			return nil, errdefs.AlreadyExists("group snapshot %q exists of other volumes", spec.Name)
-		}
-		return g, nil
-	}
-	g := &backend.GroupSnapshot{ID: id, Name: spec.Name, CreatedAt: time.Now().UTC().Truncate(time.Second), ReadyToUse: true}
-	for _, src := range spec.SourceImageIDs {
-		snap, err := f.snaps.CreateSnapshot(ctx, backend.SnapshotSpec{Name: spec.Name + "-" + src, SourceImageID: src})
-		if err != nil {
-			return nil, err
-		}
-		g.Snapshots = append(g.Snapshots, snap)
-	}
-	f.groups[id], f.specs[id] = g, spec.SourceImageIDs
-	return g, nil
-}
-
-func (f *fakeGroups) GetGroupSnapshot(_ context.Context, id string) (*backend.GroupSnapshot, error) {
-	if g, ok := f.groups[id]; ok {
-		return g, nil
-	}
-	return nil, errdefs.NotFound("group snapshot %s does not exist", id)
-}
-
-func (f *fakeGroups) DeleteGroupSnapshot(ctx context.Context, id string) error {
-	if g, ok := f.groups[id]; ok {
-		for _, s := range g.Snapshots {
-			if err := f.snaps.DeleteSnapshot(ctx, s.ID); err != nil {
-				return err
-			}
-		}
-	}
-	delete(f.groups, id)
-	return nil
-}
 
 // TestGroupSnapshots: the GroupController is reported only when a backend
 // can take group snapshots; a backend that cannot refuses, naming itself;
@@ -90,7 +41,7 @@ func TestGroupSnapshots(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument, "backend loop/fast cannot take group snapshots")
 
 	fast := e.d.instances[fastKey]
-	fast.GroupSnapshots = &fakeGroups{snaps: fast.Snapshots, groups: map[string]*backend.GroupSnapshot{}, specs: map[string][]string{}}
+	fast.GroupSnapshots = backend.NewFakeGroupSnapshots(fast.Snapshots)
 	caps, err = gs.GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
 	if err != nil || len(caps.GetCapabilities()) != 1 || caps.GetCapabilities()[0].GetRpc().GetType() != csi.GroupControllerServiceCapability_RPC_CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT {
 		t.Fatalf("capabilities %v, %v; want CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT", caps.GetCapabilities(), err)

@@ -1,22 +1,16 @@
-// Package node owns the node side of every volume (Volumes): stage (attach
-// through the volume's backend, format at most once, mount at the staging
-// path, undo it all on failure), publish (bind mounts, read-only device
-// views), unpublish, unstage, expansion, stats, health and the node's
-// inventory. Every request first asks Locate what is at its path and whose
-// it is, and acts only on what belongs to the volume it names. Everything
-// it touches on the machine goes through Host: LinuxHost for real,
-// FakeHost in memory for tests. internal/driver translates CSI to it; this
-// package knows nothing of gRPC.
-package node
+package blockdev
 
 import (
 	"slices"
 	"sort"
 
+	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 )
 
-// Filesystem describes how Spindle creates and mounts one filesystem type.
+// Filesystem describes how Spindle creates and mounts one filesystem type
+// on a block device. The controller sizes volumes by it (MinBytes) and
+// validates fs types against it; the node formats, mounts and grows by it.
 type Filesystem struct {
 	Name string
 	// MinBytes is the smallest device mkfs accepts; CreateVolume rounds up to it.
@@ -31,12 +25,7 @@ type Filesystem struct {
 	// mountOptions are always added.
 	mountOptions []string
 	// maxUnusedTail is how much of the end of its device a filesystem may
-	// leave unused when it is made or grown to fill it; NeedsGrow sees a
-	// bigger gap as a device that grew. It must stay below 16 MiB, so that
-	// growing a device by 16 MiB or more is always noticed, and at or above
-	// what mkfs leaves on a device of any size, or every stage would grow
-	// (for ext4: e2fsck -f) a filesystem that cannot grow. The figures and
-	// how they were measured: TestNeedsGrowMeasuredTails.
+	// leave unused when it is made or grown to fill it (MaxUnusedTail).
 	maxUnusedTail int64
 }
 
@@ -93,12 +82,12 @@ func LookupFilesystem(name string) (Filesystem, error) {
 	if name == "" {
 		name = DefaultFsType
 	}
-	return filesystemNamed(name)
+	return FilesystemNamed(name)
 }
 
-// filesystemNamed is LookupFilesystem without the default: for the
+// FilesystemNamed is LookupFilesystem without the default: for the
 // filesystem a device or a mount holds, which always has a name.
-func filesystemNamed(name string) (Filesystem, error) {
+func FilesystemNamed(name string) (Filesystem, error) {
 	fs, ok := filesystems[name]
 	if !ok {
 		return Filesystem{}, errdefs.InvalidArgument("filesystem %q is not supported; use one of %v", name, SupportedFilesystems())
@@ -130,3 +119,25 @@ func (fs Filesystem) MountOptions(flags []string, readOnly bool) []string {
 	}
 	return opts
 }
+
+// MkfsCommand is the command that makes fs on dev: the filesystem's own
+// arguments, then options (the StorageClass's mkfsOptions), then dev.
+func (fs Filesystem) MkfsCommand(options []string, dev string) command.Cmd {
+	return command.Cmd{Name: fs.mkfs, Args: slices.Concat(fs.mkfsArgs, options, []string{dev})}
+}
+
+// MaxUnusedTail is how much of the end of its device the filesystem may
+// leave unused when it is made or grown to fill it; a bigger gap is a
+// device that grew. It stays below 16 MiB, so that growing a device by
+// 16 MiB or more is always noticed, and at or above what mkfs leaves on a
+// device of any size, or every stage would grow (for ext4: e2fsck -f) a
+// filesystem that cannot grow. The figures and how they were measured:
+// internal/node's TestNeedsGrowMeasuredTails.
+func (fs Filesystem) MaxUnusedTail() int64 { return fs.maxUnusedTail }
+
+// LUKSHeaderBytes is what the LUKS2 header the node makes (internal/node's
+// LUKSFormat) takes of the device: the data starts there (cryptsetup
+// luksDump: "offset: 16777216 [bytes]"), so an encrypted volume's
+// filesystem is that much smaller, and the controller sizes it that much
+// bigger.
+const LUKSHeaderBytes = 16 << 20
