@@ -238,7 +238,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	// never an existing image.
 	switch {
 	case err == nil:
-		return existing, compatible(existing, spec)
+		return existing, backend.Compatible(existing, spec)
 	case errdefs.KindOf(err) == errdefs.ErrNotFound:
 	default:
 		return nil, err
@@ -262,7 +262,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if err != nil {
 			return nil, err
 		}
-		if err := copyFits(spec, snap.AccessType, snap.FsType, snap.SizeBytes, spec.Source.SnapshotID); err != nil {
+		if err := backend.CopyFits(spec, backend.CopySource{SizeBytes: snap.SizeBytes, AccessType: snap.AccessType, FsType: snap.FsType}); err != nil {
 			return nil, err
 		}
 		rec.FsType = snap.FsType
@@ -284,7 +284,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if err != nil {
 			return nil, err
 		}
-		if err := copyFits(spec, src.AccessType, src.FsType, src.CapacityBytes, src.ID); err != nil {
+		if err := backend.CopyFits(spec, backend.CopySource{SizeBytes: src.CapacityBytes, AccessType: src.AccessType, FsType: src.FsType}); err != nil {
 			return nil, err
 		}
 		rec.FsType = src.FsType
@@ -407,66 +407,6 @@ func tmpName(image string) string {
 // answers; what it cannot remove (the cluster is gone) Sweep removes at
 // the next controller start, the name says what it is.
 func (s *Store) removeTemporary(ctx context.Context, tmp ref) { _ = s.removeNow(ctx, tmp) }
-
-// copyFits checks a copy's request against its source.
-func copyFits(spec backend.VolumeSpec, at backend.AccessType, fsType string, size int64, source string) error {
-	if spec.AccessType != at {
-		return errdefs.InvalidArgument("volume %q asks for access type %s, but its source %s is a %s volume", spec.Name, spec.AccessType, source, at)
-	}
-	if spec.FsType != "" && spec.FsType != fsType {
-		return errdefs.InvalidArgument("volume %q asks for fs type %s, but its source %s holds %q", spec.Name, spec.FsType, source, fsType)
-	}
-	if spec.CapacityBytes < size {
-		return errdefs.OutOfRange("volume %q asks for %d bytes, smaller than its source %s of %d bytes", spec.Name, spec.CapacityBytes, source, size)
-	}
-	return nil
-}
-
-// compatible decides whether an existing image answers spec.
-func compatible(img *backend.Image, spec backend.VolumeSpec) error {
-	var why []string
-	switch {
-	case spec.RequiredBytes == 0 && spec.LimitBytes == 0:
-		if img.CapacityBytes != spec.CapacityBytes {
-			why = append(why, fmt.Sprintf("it has %d bytes, asked for %d", img.CapacityBytes, spec.CapacityBytes))
-		}
-	default:
-		if spec.RequiredBytes > 0 && img.CapacityBytes < spec.RequiredBytes {
-			why = append(why, fmt.Sprintf("it has %d bytes, fewer than the %d required", img.CapacityBytes, spec.RequiredBytes))
-		}
-		if spec.LimitBytes > 0 && img.CapacityBytes > spec.LimitBytes {
-			why = append(why, fmt.Sprintf("it has %d bytes, more than the limit %d", img.CapacityBytes, spec.LimitBytes))
-		}
-	}
-	if img.AccessType != spec.AccessType {
-		why = append(why, fmt.Sprintf("access type %s, asked for %s", img.AccessType, spec.AccessType))
-	}
-	// A copy inherits its source's fs type: a request that names none
-	// asked for whatever the source had.
-	if img.FsType != spec.FsType && (spec.Source == nil || spec.FsType != "") {
-		why = append(why, fmt.Sprintf("fs type %q, asked for %q", img.FsType, spec.FsType))
-	}
-	if !maps.Equal(img.Parameters, spec.Parameters) {
-		why = append(why, fmt.Sprintf("parameters %v, asked for %v", img.Parameters, spec.Parameters))
-	}
-	if !sameSource(img.Source, spec.Source) {
-		why = append(why, fmt.Sprintf("content source %+v, asked for %+v", img.Source, spec.Source))
-	}
-	if !maps.Equal(img.MutableParameters, spec.MutableParameters) {
-		why = append(why, fmt.Sprintf("mutable parameters %v, asked for %v", img.MutableParameters, spec.MutableParameters))
-	}
-	if len(why) > 0 {
-		return errdefs.AlreadyExists("volume %q already exists with other parameters: %s", spec.Name, strings.Join(why, "; "))
-	}
-	return nil
-}
-
-func sameSource(a, b *backend.ContentSource) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
 
 // watchers lists the client addresses that have the image open, but the
 // Ceph manager's own: its rbd_support module opens an image for a moment
@@ -591,11 +531,12 @@ func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case newBytes == img.CapacityBytes:
+	grow, err := backend.CheckExpand(id, img.CapacityBytes, newBytes)
+	if err != nil {
+		return nil, err
+	}
+	if !grow {
 		return img, nil
-	case newBytes < img.CapacityBytes:
-		return nil, errdefs.OutOfRange("volume %s has %d bytes; it cannot shrink to %d", id, img.CapacityBytes, newBytes)
 	}
 	if err := s.checkRoom(ctx, newBytes-img.CapacityBytes); err != nil {
 		return nil, err

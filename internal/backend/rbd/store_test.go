@@ -41,7 +41,7 @@ func TestVolumes(t *testing.T) {
 		other := spec
 		other.CapacityBytes = 128 * MiB
 		_, err := inst.Store.Create(ctx, other)
-		testutil.WantKind(t, err, errdefs.ErrAlreadyExists, "has 67108864 bytes, asked for 134217728")
+		testutil.WantKind(t, err, errdefs.ErrAlreadyExists, "its size is 67108864 bytes, not 134217728")
 		info, err := c.direct.StatImage(ctx, c.spec(imageOf(t, c, img.ID)), "")
 		if err != nil || !slices.Contains(info.Features, "exclusive-lock") {
 			t.Fatalf("the image's features %v (%v); want the class's", info, err)
