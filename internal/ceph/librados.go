@@ -57,6 +57,10 @@ type conn struct {
 	inflight int
 	lastUse  time.Time
 	release  Release
+	// attempt is closed when the connection attempt under way ends
+	// (nil when none is); attemptErr is how it ended.
+	attempt    chan struct{}
+	attemptErr error
 }
 
 func targetKey(t Target) string {
@@ -120,18 +124,48 @@ func (c *conn) closeLocked() {
 }
 
 // use marks a call in flight, connecting first when the connection is
-// closed. done ends it.
+// closed: callers that find an attempt under way wait for it (or for
+// their own ctx), and share its answer. done ends the call.
 func (c *conn) use(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lastUse = time.Now()
-	if c.rados == nil {
-		if err := c.connectLocked(ctx); err != nil {
-			return err
+	for {
+		c.mu.Lock()
+		c.lastUse = time.Now()
+		if c.rados != nil {
+			c.inflight++
+			c.mu.Unlock()
+			return nil
+		}
+		if c.attempt == nil {
+			c.attempt = make(chan struct{})
+			go c.connect(c.attempt)
+		}
+		attempt := c.attempt
+		c.mu.Unlock()
+		select {
+		case <-attempt:
+			c.mu.Lock()
+			err := c.attemptErr
+			c.mu.Unlock()
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("connect to the Ceph cluster as %s: stopped by the request's own deadline or cancellation: %w", c.who(), ctx.Err())
 		}
 	}
-	c.inflight++
-	return nil
+}
+
+// connect makes one attempt to connect, bounded by the call limit (not by
+// any one caller), and closes attempt when it is done.
+func (c *conn) connect(attempt chan struct{}) {
+	r, rel, err := c.dial()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.attempt, c.attemptErr = nil, err
+	if err == nil {
+		c.rados, c.ioctx, c.release = r, map[PoolSpec]*rados.IOContext{}, rel
+	}
+	close(attempt)
 }
 
 func (c *conn) done() {
@@ -156,7 +190,9 @@ func (c *conn) who() string {
 	return user + " at " + where
 }
 
-func (c *conn) connectLocked(ctx context.Context) error {
+// dial connects a new client to the target and checks the cluster's
+// release.
+func (c *conn) dial() (*rados.Conn, Release, error) {
 	t := c.target
 	var r *rados.Conn
 	var err error
@@ -166,7 +202,7 @@ func (c *conn) connectLocked(ctx context.Context) error {
 		r, err = rados.NewConn()
 	}
 	if err != nil {
-		return fmt.Errorf("create a Ceph client for %s: %w", c.who(), err)
+		return nil, Release{}, fmt.Errorf("create a Ceph client for %s: %w", c.who(), err)
 	}
 	set := func(k, v string) {
 		if err == nil {
@@ -198,73 +234,42 @@ func (c *conn) connectLocked(ctx context.Context) error {
 	set("admin_socket", "")
 	if err != nil {
 		r.Shutdown()
-		return err
+		return nil, Release{}, err
 	}
 	op := "connect to the Ceph cluster as " + c.who()
-	callCtx, cancel := context.WithTimeout(ctx, c.limit)
-	defer cancel()
 	connected := make(chan error, 1)
 	go func() { connected <- r.Connect() }()
 	select {
 	case err := <-connected:
 		if err != nil {
 			r.Shutdown()
-			return connectError(op, err)
+			return nil, Release{}, connectError(op, strings.Join(t.Monitors, ","), err)
 		}
-	case <-callCtx.Done():
+	case <-time.After(c.limit):
 		// The client connecting is abandoned, shut down once it is done.
 		go func() {
 			<-connected
 			r.Shutdown()
 		}()
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s: stopped by the request's own deadline or cancellation: %w", op, ctx.Err())
-		}
-		return errdefs.Wrap(errdefs.ErrUnavailable, &DeadlineError{Op: op, Limit: c.limit}, "no monitor of %s answered", strings.Join(t.Monitors, ","))
+		return nil, Release{}, errdefs.Wrap(errdefs.ErrUnavailable, &DeadlineError{Op: op, Limit: c.limit}, "no monitor of %s answered", strings.Join(t.Monitors, ","))
 	}
-	c.rados = r
-	c.ioctx = map[PoolSpec]*rados.IOContext{}
-	rel, err := c.clusterRelease(ctx)
-	if err != nil {
-		c.closeLocked()
-		return err
-	}
+	rel := clusterRelease(r, c.limit)
 	if rel.Major != 0 && rel.Before(OldestSupported) {
-		c.closeLocked()
-		return errdefs.Precondition("the Ceph cluster at %s runs Ceph %s; Spindle needs %d.%d (%s) or newer", strings.Join(t.Monitors, ","), rel, OldestSupported.Major, OldestSupported.Minor, OldestSupported.Name)
+		r.Shutdown()
+		return nil, Release{}, errdefs.Precondition("the Ceph cluster at %s runs Ceph %s; Spindle needs %d.%d (%s) or newer", strings.Join(t.Monitors, ","), rel, OldestSupported.Major, OldestSupported.Minor, OldestSupported.Name)
 	}
-	c.release = rel
-	return nil
+	return r, rel, nil
 }
 
 // connectError says what a failed connect means.
-func connectError(op string, err error) error {
+func connectError(op, monitors string, err error) error {
 	switch Errno(err) {
 	case EACCES, EPERM:
 		return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: the cluster refused the cephx key (wrong key, or no such user)", op)
 	case ETIMEDOUT:
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "%s: no monitor answered", op)
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "no monitor of %s answered: %s", monitors, op)
 	}
 	return wrap(op, err)
-}
-
-// run runs fn under the call limit and ctx. At the limit it answers a
-// DeadlineError, at ctx's end ctx's error, while fn goes on until the
-// library returns (its own timeouts are the same limit).
-func (c *conn) run(ctx context.Context, op string, fn func() error) error {
-	callCtx, cancel := context.WithTimeout(ctx, c.limit)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- fn() }()
-	select {
-	case err := <-done:
-		return err
-	case <-callCtx.Done():
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s: stopped by the request's own deadline or cancellation: %w", op, ctx.Err())
-		}
-		return &DeadlineError{Op: op, Limit: c.limit}
-	}
 }
 
 // call is one call of the client: connected, in flight until fn returns
@@ -345,6 +350,10 @@ func (c *conn) withImage(spec ImageSpec, snap string, rw bool, fn func(*rbd.Imag
 // command runs a monitor (or, with mgr, manager) command and decodes its
 // JSON answer into out (when not nil).
 func (c *conn) command(mgr bool, out any, args map[string]any) error {
+	return command(c.rados, mgr, out, args)
+}
+
+func command(r *rados.Conn, mgr bool, out any, args map[string]any) error {
 	args["format"] = "json"
 	b, err := json.Marshal(args)
 	if err != nil {
@@ -353,9 +362,9 @@ func (c *conn) command(mgr bool, out any, args map[string]any) error {
 	var res []byte
 	var status string
 	if mgr {
-		res, status, err = c.rados.MgrCommand([][]byte{b})
+		res, status, err = r.MgrCommand([][]byte{b})
 	} else {
-		res, status, err = c.rados.MonCommand(b)
+		res, status, err = r.MonCommand(b)
 	}
 	if err != nil {
 		if n := Errno(err); n != 0 {
@@ -388,28 +397,37 @@ func parseRelease(s string) (Release, bool) {
 
 // clusterRelease is the oldest monitor's release ("versions"); a user
 // whose caps do not allow that command gets the monitor map's minimum
-// release ("mon dump"); a cluster that answers neither is not judged
-// (Release{}).
-func (c *conn) clusterRelease(ctx context.Context) (Release, error) {
+// release ("mon dump"); a cluster that answers neither in time is not
+// judged (Release{}).
+func clusterRelease(r *rados.Conn, limit time.Duration) Release {
+	ask := func(out any, args map[string]any) error {
+		done := make(chan error, 1)
+		go func() { done <- command(r, false, out, args) }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(limit):
+			return context.DeadlineExceeded
+		}
+	}
 	var versions map[string]map[string]int
-	err := c.run(ctx, "ceph versions", func() error { return c.command(false, &versions, map[string]any{"prefix": "versions"}) })
-	if err == nil {
+	if err := ask(&versions, map[string]any{"prefix": "versions"}); err == nil {
 		var oldest Release
 		for v := range versions["mon"] {
-			if r, ok := parseRelease(v); ok && (oldest.Major == 0 || r.Before(oldest)) {
-				oldest = r
+			if rel, ok := parseRelease(v); ok && (oldest.Major == 0 || rel.Before(oldest)) {
+				oldest = rel
 			}
 		}
-		return oldest, nil
+		return oldest
 	}
 	var dump struct {
 		MinMonRelease     int    `json:"min_mon_release"`
 		MinMonReleaseName string `json:"min_mon_release_name"`
 	}
-	if err := c.run(ctx, "ceph mon dump", func() error { return c.command(false, &dump, map[string]any{"prefix": "mon dump"}) }); err != nil {
-		return Release{}, nil
+	if err := ask(&dump, map[string]any{"prefix": "mon dump"}); err != nil {
+		return Release{}
 	}
-	return Release{Major: dump.MinMonRelease, Name: dump.MinMonReleaseName}, nil
+	return Release{Major: dump.MinMonRelease, Name: dump.MinMonReleaseName}
 }
 
 func (c *conn) Release(ctx context.Context) (Release, error) {

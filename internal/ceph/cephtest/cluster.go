@@ -30,8 +30,10 @@ const (
 	// the directory holds its ceph.conf and ceph.client.admin.keyring, and
 	// it has the pools Pool and OtherPool and Pool's namespace Namespace.
 	EnvCephDir = "SPINDLE_CEPH_DIR"
-	// EnvCephMon is that cluster's monitor, host:port (msgr2).
-	EnvCephMon = "SPINDLE_CEPH_MON"
+	// EnvCephMon is that cluster's monitor, host:port (msgr2), and
+	// EnvCephMonV1 its msgr1 address (v1:host:port), when it has one.
+	EnvCephMon   = "SPINDLE_CEPH_MON"
+	EnvCephMonV1 = "SPINDLE_CEPH_MON_V1"
 )
 
 // The pools and the namespace every test cluster has.
@@ -47,7 +49,8 @@ type Cluster struct {
 	Conf    string // its ceph.conf (mon host, admin keyring)
 	Monitor string // "127.0.0.1:<msgr2 port>"
 	// MonitorV1 is the same monitor's msgr1 address ("v1:127.0.0.1:<port>"):
-	// another address of the same Ceph. Empty for an EnvCephDir cluster.
+	// another address of the same Ceph (EnvCephMonV1's for an EnvCephDir
+	// cluster).
 	MonitorV1 string
 	Pool      string
 	User      string // "admin"
@@ -199,7 +202,7 @@ func external(dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "ceph.conf"), Monitor: mon, Pool: Pool, User: "admin",
+	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "ceph.conf"), Monitor: mon, MonitorV1: os.Getenv(EnvCephMonV1), Pool: Pool, User: "admin",
 		Key: key, KeyFile: filepath.Join(keyDir, "admin.key"), external: true}
 	if err := os.WriteFile(c.KeyFile, []byte(key), 0o600); err != nil {
 		return nil, err
