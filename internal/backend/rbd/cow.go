@@ -14,21 +14,30 @@ import (
 // clones, made in the same few metadata operations whatever the size of
 // the data:
 //
-//   - a snapshot of volume V is the image csi-snap-<hash>, a clone of a
-//     short-lived RBD snapshot V@csi-copy-<hash>, carrying one RBD snapshot
-//     of its own, csi-snap, that restores are cloned from;
-//   - a restore is a clone of csi-snap-<hash>@csi-snap;
+//   - a snapshot of volume V is the image csi-snap-<hash>, a clone of an
+//     RBD snapshot V@csi-copy-<hash>, which stays on V as long as the CSI
+//     snapshot lives;
+//   - a restore is a clone of V@csi-copy-<hash> while V lives, else of
+//     csi-snap-<hash>@csi-snap, an RBD snapshot of the snapshot image made
+//     at the first restore that needs it;
 //   - a clone of volume V is a clone of a short-lived V@csi-clone-<hash>.
+//
+// Every RBD snapshot costs an update of the cluster's OSD map, which the
+// monitors commit at most once a second (paxos_propose_interval): a
+// snapshot taken, another removed and a third taken, as ceph-csi does,
+// make a CreateSnapshot wait for three commits. This way it waits for
+// one, and a restore, while its source lives, for none.
 //
 // Clones are of format 2 (Ceph Mimic and later), asked for explicitly so
 // that the cluster's rbd_default_clone_format ("auto": format 1 unless the
 // cluster requires Mimic clients) does not matter: no "snap protect", and a
 // snapshot removed while it has clones moves to the image's trash
-// namespace, where Ceph removes it itself when its last clone goes. So the
-// short-lived snapshots are removed as soon as the clone exists, and a
-// source volume carries no snapshot of Spindle's in its own name. A volume
-// or snapshot deleted while clones still hang from it goes to the pool's
-// trash (trash.go) and is removed once they are gone.
+// namespace, where Ceph removes it itself when its last clone goes. So a
+// volume's csi-copy- snapshot goes with its CSI snapshot (or with the
+// volume, into the trash namespace, while clones hang from it), and a
+// clone's short-lived csi-clone- snapshot as soon as the clone exists. A
+// volume or snapshot deleted while clones still hang from it goes to the
+// pool's trash (trash.go) and is removed once they are gone.
 //
 // Each clone records in its metadata how many copy-on-write parents it had
 // when made (spindle.depth). Past MaxCloneDepth it is flattened in the
@@ -68,10 +77,10 @@ func (s *Store) clone(ctx context.Context, parent ref, snap string, tmp ref, opt
 }
 
 // cloneOfNow makes tmp a copy-on-write clone of the image src as it is at
-// this instant: an RBD snapshot src@snap, the clone, and the snapshot
-// removed again (with a clone it moves to src's trash namespace). On
-// failure neither the clone nor the snapshot is left.
-func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *ceph.ImageInfo, snap string, tmp ref, opts ceph.ImageOptions, size int64) error {
+// this instant: an RBD snapshot src@snap and the clone; unless keep, the
+// snapshot is removed again (with a clone it moves to src's trash
+// namespace). On failure neither the clone nor the snapshot is left.
+func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *ceph.ImageInfo, snap string, tmp ref, opts ceph.ImageOptions, size int64, keep bool) error {
 	cl, err := s.client(ctx, src.location)
 	if err != nil {
 		return err
@@ -80,6 +89,9 @@ func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *ceph.ImageInfo
 		return err
 	}
 	err = s.clone(ctx, src, snap, tmp, opts, size, int64(srcInfo.Size))
+	if err == nil && keep {
+		return nil
+	}
 	if err == nil {
 		if err = cl.RemoveSnapshot(ctx, src.cephImage(), snap); errdefs.KindOf(err) == errdefs.ErrNotFound {
 			err = nil
@@ -92,6 +104,43 @@ func (s *Store) cloneOfNow(ctx context.Context, src ref, srcInfo *ceph.ImageInfo
 	s.removeTemporary(undo, tmp)
 	_ = cl.RemoveSnapshot(undo, src.cephImage(), snap)
 	return err
+}
+
+// restoreSource is the image and snapshot a restore of the snapshot image
+// r is cloned from, and the depth the restore will have: r@csi-snap where
+// r has it (those made by earlier versions, and where a restore made it);
+// else the source volume's csi-copy- snapshot r hangs from, while the
+// volume lives and that chain is short enough; else r@csi-snap, made now.
+func (s *Store) restoreSource(ctx context.Context, r ref, what string) (ref, string, int, error) {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return ref{}, "", 0, err
+	}
+	if _, err := cl.StatImage(ctx, r.cephImage(), snapshotSnap); err == nil {
+		depth, err := s.admitClone(ctx, r, snapshotSnap, what)
+		return r, snapshotSnap, depth, err
+	} else if errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return ref{}, "", 0, err
+	}
+	info, err := cl.StatImage(ctx, r.cephImage(), "")
+	if err != nil {
+		return ref{}, "", 0, err
+	}
+	if p := info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
+		src := location{cluster: r.cluster, pool: p.Pool, namespace: p.Namespace}.ref(p.Image)
+		// The snapshot is the volume's under its own name while the CSI
+		// snapshot lives (in the trash namespace it has another).
+		if chain, err := s.chainAt(ctx, src, p.Snapshot); err == nil && chain+1 <= s.cfg.HardMaxCloneDepth {
+			return src, p.Snapshot, chain + 1, nil
+		} else if err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			return ref{}, "", 0, err
+		}
+	}
+	if err := cl.CreateSnapshot(ctx, r.cephImage(), snapshotSnap); err != nil && errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+		return ref{}, "", 0, err
+	}
+	depth, err := s.admitClone(ctx, r, snapshotSnap, what)
+	return r, snapshotSnap, depth, err
 }
 
 // chainAt is how many copy-on-write parents data read from image (at

@@ -14,14 +14,16 @@ import (
 )
 
 // A CSI snapshot is an image of its own, "csi-snap-<hash of the CSI
-// name>": a copy-on-write clone of a short-lived RBD snapshot of the source
-// (cow.go), so it is of one instant, costs nothing when taken whatever the
-// size of the volume, and is ready at once. It carries one RBD snapshot,
-// "csi-snap", that restored volumes are clones of. The source volume can be
-// deleted while the snapshot lives: it goes to the pool's trash until its
-// last clone is gone (trash.go). Snapshots made by earlier versions are
-// full copies with a protected "csi-snap"; they are read, restored and
-// deleted the same way.
+// name>": a copy-on-write clone of an RBD snapshot of the source,
+// "csi-copy-<hash>" (cow.go), so it is of one instant, costs nothing when
+// taken whatever the size of the volume, and is ready at once. Restores
+// are clones of that snapshot of the source while the source lives, and
+// of the image's own RBD snapshot "csi-snap" (made when first needed)
+// afterwards. The source volume can be deleted while the snapshot lives:
+// it goes to the pool's trash until its last clone is gone (trash.go).
+// Snapshots made by earlier versions carry "csi-snap" from the start (a
+// clone with csi-snap, or a full copy with csi-snap protected); they are
+// read, restored and deleted the same way.
 
 // CreateSnapshot implements backend.Snapshotter.
 func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (*backend.Snapshot, error) {
@@ -69,18 +71,17 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	}
 	features := snapshotImageFeatures(userFeatures(srcInfo.Features))
 	build := func(tmp ref) error {
-		snap := copySnapPrefix + hashOf(r.image)
-		if err := s.cloneOfNow(ctx, source, srcInfo, snap, tmp, ceph.ImageOptions{Features: features}, src.CapacityBytes); err != nil {
-			return err
-		}
-		cl, err := s.client(ctx, tmp.location)
-		if err != nil {
-			return err
-		}
-		return cl.CreateSnapshot(ctx, tmp.cephImage(), snapshotSnap)
+		// The source's snapshot stays for as long as the CSI snapshot
+		// (cow.go): restores are cloned from it while the source lives.
+		return s.cloneOfNow(ctx, source, srcInfo, copySnapPrefix+hashOf(r.image), tmp, ceph.ImageOptions{Features: features}, src.CapacityBytes, true)
 	}
 	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec), metaDepth: depthValue(depth)}
 	if err := s.buildAndRename(ctx, r, true, build, meta); err != nil {
+		// The source's snapshot is no CSI snapshot's now: it goes too.
+		undo := context.WithoutCancel(ctx)
+		if cl, cerr := s.client(undo, source.location); cerr == nil {
+			_ = cl.RemoveSnapshot(undo, source.cephImage(), copySnapPrefix+hashOf(r.image))
+		}
 		return nil, err
 	}
 	s.settleDepth(ctx, r, depth)
@@ -181,5 +182,22 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	if meta[metaSnapshot] == "" {
 		return nil // no snapshot of Spindle's: nothing of ours to delete
 	}
-	return s.remove(ctx, r, info)
+	if err := s.remove(ctx, r, info); err != nil {
+		return err
+	}
+	// The source volume's snapshot the image hangs from goes too (into the
+	// source's trash namespace while restores hang from it); one the
+	// volume no longer has under that name (the volume deleted, or a
+	// snapshot of an earlier version) went already.
+	if p := info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
+		src := location{cluster: r.cluster, pool: p.Pool, namespace: p.Namespace}.ref(p.Image)
+		cl, err := s.client(ctx, src.location)
+		if err != nil {
+			return err
+		}
+		if err := cl.RemoveSnapshot(ctx, src.cephImage(), p.Snapshot); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			return fmt.Errorf("remove snapshot %s, which snapshot %s was taken from: %w", src.at(p.Snapshot), id, err)
+		}
+	}
+	return nil
 }

@@ -273,11 +273,13 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if err := sameCluster(spec.Name, snapImage, opts.loc); err != nil {
 			return nil, err
 		}
-		if depth, err = s.admitClone(ctx, snapImage, snapshotSnap, fmt.Sprintf("volume %q restored from snapshot %s", spec.Name, snap.ID)); err != nil {
+		parent, parentSnap, d, err := s.restoreSource(ctx, snapImage, fmt.Sprintf("volume %q restored from snapshot %s", spec.Name, snap.ID))
+		if err != nil {
 			return nil, err
 		}
+		depth = d
 		build = func(tmp ref) error {
-			return s.clone(ctx, snapImage, snapshotSnap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes, snap.SizeBytes)
+			return s.clone(ctx, parent, parentSnap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes, snap.SizeBytes)
 		}
 	default:
 		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
@@ -300,7 +302,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		}
 		snap := cloneSnapPrefix + hashOf(r.image)
 		build = func(tmp ref) error {
-			return s.cloneOfNow(ctx, srcRef, srcInfo, snap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes)
+			return s.cloneOfNow(ctx, srcRef, srcInfo, snap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes, false)
 		}
 	}
 	if err := s.checkRoom(ctx, spec.CapacityBytes); err != nil {

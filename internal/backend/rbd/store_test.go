@@ -136,7 +136,9 @@ func TestCopiesAreCopyOnWrite(t *testing.T) {
 		checkData(t, ctx, c, "the restore", restored.ID, 32*MiB, sum)
 		clone := mustCreate(t, ctx, inst, blockVolume("pvc-clone", 48*MiB, &backend.ContentSource{ImageID: restored.ID}))
 		checkData(t, ctx, c, "the clone of the restore", clone.ID, 32*MiB, sum)
-		for id, depth := range map[string]string{restored.ID: "2", clone.ID: "3"} {
+		// The restore is cloned from the source's own snapshot while the
+		// source lives: one parent, not two.
+		for id, depth := range map[string]string{restored.ID: "1", clone.ID: "2"} {
 			if v, err := c.direct.ImageMetadataValue(ctx, c.spec(imageOf(t, c, id)), "spindle.depth"); err != nil || v != depth {
 				t.Fatalf("%s records depth %q (%v); want %s", id, v, err, depth)
 			}
@@ -147,12 +149,32 @@ func TestCopiesAreCopyOnWrite(t *testing.T) {
 		testutil.WantKind(t, err, errdefs.ErrInvalidArgument, "access type")
 		_, err = inst.Store.Create(ctx, blockVolume("pvc-small", 16*MiB, &backend.ContentSource{ImageID: vol.ID}))
 		testutil.WantKind(t, err, errdefs.ErrOutOfRange, "smaller than its source")
-		// No snapshot of Spindle's stays on the sources.
-		for _, id := range []string{vol.ID, restored.ID} {
-			snaps, err := c.direct.Snapshots(ctx, c.spec(imageOf(t, c, id)))
-			if err != nil || slices.ContainsFunc(snaps, func(s ceph.SnapInfo) bool { return s.Namespace == ceph.SnapUser }) {
-				t.Fatalf("%s keeps snapshots %+v (%v)", id, snaps, err)
-			}
+		// The snapshot's own snapshot of its source stays with it, and
+		// nothing else: the clone's snapshot of the restore is gone.
+		if got := userSnaps(t, ctx, c, vol.ID); !slices.Equal(got, []string{"csi-copy-" + imageOf(t, c, snap.ID)[len("csi-snap-"):]}) {
+			t.Fatalf("the source keeps snapshots %v; want the CSI snapshot's alone", got)
+		}
+		if got := userSnaps(t, ctx, c, restored.ID); len(got) != 0 {
+			t.Fatalf("the restore keeps snapshots %v", got)
+		}
+		// Deleted, the CSI snapshot takes its snapshot of the source along
+		// (into the trash namespace, while the restore hangs from it), and
+		// a second restore after the source is gone is made from the
+		// snapshot image itself.
+		snap2 := mustSnapshot(t, ctx, inst, "snap-2", vol.ID)
+		if err := inst.Snapshots.DeleteSnapshot(ctx, snap.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := userSnaps(t, ctx, c, vol.ID); len(got) != 1 || got[0] == "csi-copy-"+imageOf(t, c, snap.ID)[len("csi-snap-"):] {
+			t.Fatalf("after DeleteSnapshot the source keeps snapshots %v; want snap-2's alone", got)
+		}
+		checkData(t, ctx, c, "the restore of the deleted snapshot", restored.ID, 32*MiB, sum)
+		if err := inst.Store.Delete(ctx, vol.ID); err != nil {
+			t.Fatal(err)
+		}
+		late := mustCreate(t, ctx, inst, blockVolume("pvc-late", 32*MiB, &backend.ContentSource{SnapshotID: snap2.ID}))
+		if v, _ := c.direct.ImageMetadataValue(ctx, c.spec(imageOf(t, c, late.ID)), "spindle.depth"); v != "2" {
+			t.Fatalf("a restore after its source was deleted records depth %q; want 2 (a clone of the snapshot image)", v)
 		}
 	})
 }
@@ -204,6 +226,22 @@ func TestCloneDepthLimits(t *testing.T) {
 			return err == nil
 		})
 	})
+}
+
+// userSnaps lists the user snapshots of a volume's image.
+func userSnaps(t *testing.T, ctx context.Context, c *testCluster, id string) []string {
+	t.Helper()
+	snaps, err := c.direct.Snapshots(ctx, c.spec(imageOf(t, c, id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, s := range snaps {
+		if s.Namespace == ceph.SnapUser {
+			out = append(out, s.Name)
+		}
+	}
+	return out
 }
 
 // await polls ok for up to a minute (a manager's task on a real cluster).
@@ -265,6 +303,9 @@ func TestFailedCopiesLeaveNothing(t *testing.T) {
 			for _, step := range steps {
 				if kind.name == "restore" && strings.Contains(step.name, "snapshot") {
 					continue // a restore takes no snapshot
+				}
+				if kind.name == "snapshot" && (step.name == "source snapshot removal" || step.name == "snapshot image's own snapshot") {
+					continue // the source's snapshot stays with the CSI snapshot; restores make csi-snap
 				}
 				if kind.name == "clone" && step.name == "snapshot image's own snapshot" {
 					continue

@@ -25,9 +25,10 @@ const LeftoverAge = 10 * time.Minute
 
 // Sweep removes what interrupted Creates left in the pool: temporary
 // images (csi-tmp-*, an image being built when its controller died) and
-// copy snapshots (csi-copy-*, the instant a CSI snapshot was being copied
-// from), each only when it is older than LeftoverAge by the cluster's
-// creation time, so that a Create still running elsewhere is not cut. It
+// copy snapshots no CSI snapshot hangs from (csi-copy-*, the instant a CSI
+// snapshot was being copied from), each only when it is older than
+// LeftoverAge by the cluster's creation time, so that a Create still
+// running elsewhere is not cut. It
 // returns what it removed ("pool/image", "pool/image@snap") for the log;
 // what it could not remove is in the error and stays for the next start.
 // The controller runs it when it opens the instance, with the instance's
@@ -133,6 +134,13 @@ func (s *Store) sweepCopySnapshots(ctx context.Context, r ref, now time.Time) ([
 	var errs []error
 	for _, sn := range snaps {
 		if !strings.HasPrefix(sn.Name, copySnapPrefix) || now.Sub(sn.Created) < LeftoverAge {
+			continue
+		}
+		// A CSI snapshot's image hangs from it while it lives: no leftover.
+		if children, err := cl.Children(ctx, r.cephImage(), sn.Name); err != nil || len(children) > 0 {
+			if err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		if err := cl.RemoveSnapshot(ctx, r.cephImage(), sn.Name); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
