@@ -3,11 +3,14 @@
 # registry, as docker-archive tarballs that `ctr -n k8s.io images import`
 # (and `kind load image-archive`) read:
 #
-#   spindle.tar           local.test/spindle:$TAG — the static driver binary
-#                         plus this machine's filesystem and attach tools and
-#                         their shared libraries, and the ceph CLI with the
-#                         Python it runs on (what the Dockerfile installs
-#                         from Debian's packages for users with Docker)
+#   spindle.tar           local.test/spindle:$TAG — the driver binary (with its
+#                         Ceph client, librados and librbd) and the
+#                         filesystem and attach tools with their shared
+#                         libraries, all taken from the Ceph 20 root
+#                         (hack/ceph/root.sh: Debian sid's packages, what the
+#                         Dockerfile installs for users with Docker), so the
+#                         image's Ceph client logs in to Tentacle's default
+#                         (aes256k) keys
 #   csi-provisioner.tar   local.test/csi-provisioner:v6.3.0, and likewise
 #   csi-attacher.tar      csi-attacher, csi-resizer, csi-snapshotter and
 #   ...                   snapshot-controller, from the binaries that
@@ -45,61 +48,42 @@ imagetar() { (cd "$REPO" && go run ./hack/imagetar "$@"); }
 
 # The programs the driver runs (internal/node, internal/backend/loop,
 # k8s.io/mount-utils), with what they need at run time; and the attach
-# paths' tools (iscsiadm, rbd for krbd, rbd-nbd, rbd-fuse,
-# qemu-storage-daemon, modprobe for their modules) and the controller's
-# tgtadm (an iSCSI backend on tgt), cryptsetup and dmsetup for encrypted
-# volumes, as the Dockerfile installs them.
-# rados: the RBD backend's own omap records (spindle.locations, the trash
-# list) are read and written with it.
-# date: `rbd trash mv` (DeleteVolume of an RBD volume) runs /bin/date to
-# read its --expires-at, and fails without it (Debian's slim image has it).
+# paths' tools (iscsiadm, rbd for krbd, rbd-nbd, qemu-storage-daemon for the
+# rbd-fuse mounter and the iSCSI userspace attacher, modprobe for their
+# modules) and the controller's tgtadm (an iSCSI backend on tgt),
+# cryptsetup and dmsetup for encrypted volumes, as the Dockerfile installs
+# them. The driver calls Ceph itself (librados, librbd: the binary's own
+# libraries), so the image carries no ceph or rados CLI, and no Python.
 PROGRAMS=(losetup blkid wipefs mount umount findmnt mountpoint lsblk blockdev
   mkfs mkfs.ext4 mke2fs resize2fs e2fsck fsck fsck.ext4 dumpe2fs tune2fs
   mkfs.xfs xfs_growfs xfs_info xfs_spaceman xfs_db xfs_repair
   mkfs.btrfs btrfs stat sync sh date
-  iscsiadm rbd rbd-nbd rbd-fuse rados modprobe tgtadm cryptsetup dmsetup qemu-storage-daemon)
-# qemu-storage-daemon (the iSCSI userspace attacher, run by the attach
-# daemon) loads its iSCSI driver as a module, which links libiscsi.
-QEMU_MODULES=(/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so)
+  iscsiadm rbd rbd-nbd modprobe tgtadm cryptsetup dmsetup qemu-storage-daemon)
+# qemu-storage-daemon loads its iSCSI and RBD drivers as modules, which
+# link libiscsi and librbd.
+QEMU_MODULES=(/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so)
 FILES=(/etc/mke2fs.conf)
 
 driver() {
-  echo "images: local.test/spindle:$TAG" >&2
-  (cd "$REPO" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$OUT/spindle" ./cmd/spindle)
+  echo "images: local.test/spindle:$TAG (from the Ceph root $("$REPO/hack/ceph/root.sh" 20))" >&2
+  local tags
+  tags=$("$REPO/hack/go-tags.sh")
+  (cd "$REPO" && CGO_ENABLED=1 go build -tags "$tags" -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$OUT/spindle" ./cmd/spindle)
+  (cd "$REPO" && CGO_ENABLED=0 go build -o "$OUT/imagetar" ./hack/imagetar)
   local args=(-tag "local.test/spindle:$TAG" -o "$OUT/spindle.tar"
-    -merged-usr -file "$OUT/spindle:/usr/local/bin/spindle" -entrypoint /usr/local/bin/spindle
+    -merged-usr -binary "$OUT/spindle:/usr/local/bin/spindle" -entrypoint /usr/local/bin/spindle
     -dir /var/lib/spindle -dir /run/spindle -dir /etc/spindle
     -symlink /var/run:/run)
-  # /var/run as Debian has it: rbd-nbd and rbd-fuse create /var/run/ceph
-  # for their admin sockets at start and abort without it.
-  local p f
+  # /var/run as Debian has it: rbd-nbd creates /var/run/ceph for its admin
+  # socket at start and aborts without it.
+  local p f m
   for p in "${PROGRAMS[@]}"; do args+=(-program "$p"); done
   for f in "${FILES[@]}"; do args+=(-file "$f"); done
-  local m lib
-  for m in "${QEMU_MODULES[@]}"; do
-    args+=(-file "$m")
-    for lib in $(ldd "$m" | grep -o '=> /[^ ]*' | cut -c4-); do args+=(-file "$(readlink -f "$lib"):$lib"); done
-  done
-  ceph_cli args
-  imagetar "${args[@]}"
-  rm -f "$OUT/spindle"
-}
-
-# ceph_cli ARRAY: adds to the imagetar arguments in ARRAY the ceph CLI, with
-# which the RBD controller fences a lost node (ceph osd blocklist add). It
-# is a Python program: Debian's python3, its standard library without its
-# tests, caches and static library, and the Ceph modules it imports.
-ceph_cli() {
-  local -n to=$1
-  local py=/usr/bin/python3 ver dist=/usr/lib/python3/dist-packages f
-  ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  to+=(-program ceph -program "$py" -tree "/usr/lib/python$ver"
-    -exclude __pycache__ -exclude 'config-*' -exclude test -exclude tests -exclude idlelib
-    -exclude tkinter -exclude turtledemo -exclude ensurepip -exclude lib2to3 -exclude pydoc_data
-    -file "$dist/ceph_argparse.py" -file "$dist/ceph_daemon.py" -tree "$dist/prettytable" -tree "$dist/wcwidth")
-  for f in "$dist"/rados.cpython-*.so; do to+=(-file "$f"); done
-  # prettytable reads its version from its package metadata.
-  for f in "$dist"/prettytable-*.dist-info; do to+=(-tree "$f"); done
+  for m in "${QEMU_MODULES[@]}"; do args+=(-binary "$m:$m"); done
+  # In the root: its programs and libraries, the binary linked against the
+  # root's librados and librbd.
+  "$REPO/hack/ceph/run" "$OUT/imagetar" "${args[@]}"
+  rm -f "$OUT/spindle" "$OUT/imagetar"
 }
 
 # name version: the image of one sidecar binary from build.sh.

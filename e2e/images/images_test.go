@@ -112,13 +112,21 @@ func TestDriverImageRuns(t *testing.T) {
 		{[]string{"e2fsck", "-V"}, "e2fsck"},
 		// The kernel attach paths' tools.
 		{[]string{"iscsiadm", "--version"}, "iscsiadm version"},
-		{[]string{"rbd", "--version"}, "ceph version"},
-		{[]string{"rbd-nbd", "--version"}, "ceph version"},
-		// rbd-nbd and rbd-fuse create /var/run/ceph at start (and abort
-		// without /var/run).
+		// Ceph 20's client, which logs in to Tentacle's default keys.
+		{[]string{"rbd", "--version"}, "ceph version 20.2."},
+		{[]string{"rbd-nbd", "--version"}, "ceph version 20.2."},
+		// rbd-nbd creates /var/run/ceph at start (and aborts without
+		// /var/run).
 		{[]string{"sh", "-c", "cd /var/run && test -d /run && echo var-run-ok"}, "var-run-ok"},
-		// The RBD backend's omap records (rados listomapkeys, setomapval).
-		{[]string{"rados", "--version"}, "ceph version"},
+		// The rbd-fuse mounter's and the iSCSI userspace attacher's server,
+		// whose rbd and iscsi drivers are modules: every library they
+		// link is in the image.
+		{[]string{"qemu-storage-daemon", "--version"}, "qemu-storage-daemon version"},
+		{[]string{"sh", "-c", "/lib64/ld-linux-x86-64.so.2 --list /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so | grep -c 'not found' || true"}, "0"},
+		{[]string{"/lib64/ld-linux-x86-64.so.2", "--list", "/usr/lib/x86_64-linux-gnu/qemu/block-rbd.so"}, "librbd.so.1 =>"},
+		{[]string{"/lib64/ld-linux-x86-64.so.2", "--list", "/usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so"}, "libiscsi.so"},
+		// The driver's own Ceph client.
+		{[]string{"/lib64/ld-linux-x86-64.so.2", "--list", "/usr/local/bin/spindle"}, "librados.so.2 =>"},
 		{[]string{"modprobe", "--version"}, "kmod version"},
 		{[]string{"tgtadm", "--version"}, "1.0."},
 		// rbd trash mv runs /bin/date for its --expires-at ("now").
@@ -126,9 +134,6 @@ func TestDriverImageRuns(t *testing.T) {
 		// Encrypted volumes.
 		{[]string{"cryptsetup", "--version"}, "cryptsetup 2."},
 		{[]string{"dmsetup", "--version"}, "Library version"},
-		// The controller's fencing (ceph osd blocklist add): a Python
-		// program that imports rados and Ceph's modules before anything.
-		{[]string{"ceph", "--version"}, "ceph version"},
 		// Formatting uses /etc/mke2fs.conf; blkid then sees the filesystem.
 		{[]string{"mkfs.ext4", "-F", "-q", "/tmp/img"}, ""},
 		{[]string{"blkid", "-p", "-o", "export", "/tmp/img"}, "TYPE=ext4"},

@@ -63,6 +63,8 @@ func run(args []string) error {
 	fs.Var(&trees, "tree", "SRC[:DST] directory to copy with everything in it (DST defaults to SRC)")
 	fs.Var(&excludes, "exclude", "name pattern (path.Match) of what -tree leaves out, e.g. __pycache__")
 	fs.Var(&programs, "program", "program on PATH to copy with its shared libraries")
+	var binaries listFlag
+	fs.Var(&binaries, "binary", "SRC:DST program file to copy with its shared libraries (a program not on PATH)")
 	fs.Var(&envs, "env", "KEY=VALUE in the image config")
 	fs.Var(&dirs, "dir", "empty directory to create in the image")
 	fs.Var(&symlinks, "symlink", "LINK:TARGET symlink to create in the image")
@@ -107,6 +109,18 @@ func run(args []string) error {
 	}
 	for _, p := range programs {
 		if err := layer.program(p); err != nil {
+			return err
+		}
+	}
+	for _, b := range binaries {
+		src, dst, ok := strings.Cut(b, ":")
+		if !ok || src == "" || dst == "" {
+			return fmt.Errorf("-binary %q: want SRC:DST", b)
+		}
+		if err := layer.file(src, dst); err != nil {
+			return err
+		}
+		if err := layer.libraries(src); err != nil {
 			return err
 		}
 	}
@@ -256,6 +270,12 @@ func (l *layer) program(name string) error {
 			return err
 		}
 	}
+	return l.libraries(p)
+}
+
+// libraries copies the shared libraries ldd reports for the program at p
+// (and the dynamic loader).
+func (l *layer) libraries(p string) error {
 	c := exec.Command("ldd", p)
 	c.Env = append(os.Environ(), "LC_ALL=C")
 	outBytes, err := c.Output()
@@ -269,7 +289,7 @@ func (l *layer) program(name string) error {
 			continue
 		}
 		if err := l.file(m[1], m[1]); err != nil {
-			return fmt.Errorf("library of %s: %w", name, err)
+			return fmt.Errorf("library of %s: %w", p, err)
 		}
 	}
 	return nil

@@ -15,8 +15,15 @@ debian_rootfs() {
   local suite=$1 out=$2
   shift 2
   [ -n "$MIRROR" ] || { echo "no Debian mirror in /etc/apt/sources*: set MIRROR" >&2; return 1; }
+  local sources=("deb $MIRROR $suite main" "deb $MIRROR $suite-updates main" "deb $SECURITY $suite-security main")
+  if [ "$suite" = sid ] || [ "$suite" = unstable ]; then
+    # sid has no updates or security suites; a mirror's snapshot of it
+    # carries Release files past their Valid-Until, which apt refuses
+    # unless told, in the root and in whatever builds on it.
+    sources=("deb $MIRROR $suite main")
+    set -- "$@" --aptopt='Acquire::Check-Valid-Until "false"'
+  fi
   mmdebstrap --mode=root --format=tar --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' "$@" "$suite" "$out" \
-    "deb $MIRROR $suite main" "deb $MIRROR $suite-updates main" "deb $SECURITY $suite-security main" </dev/null
+    --dpkgopt='path-exclude=/usr/share/locale/*' "$@" "$suite" "$out" "${sources[@]}" </dev/null
 }
