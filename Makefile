@@ -28,12 +28,17 @@ BENCH_ARGS ?=
 
 export PATH := $(PATH):/usr/local/go/bin:/usr/sbin:/sbin
 
-.PHONY: all build deps lint test csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-kind e2e-multinode e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
+.PHONY: all build deps lint test test-ceph csi-sanity sanity-stock-rbd chart-test images helm demo bench bench-k8s e2e e2e-kind e2e-multinode e2e-storage vmtest vmtest-ci cluster-up cluster-down clean
 
 all: build
 
+# The driver's Ceph client (internal/ceph) is cgo over librados and librbd
+# (go-ceph), built with the tags hack/go-tags.sh gives for this machine's
+# librbd headers ("ceph", and go-ceph's tag of an older release: Debian
+# 12's are Pacific's). Without them the binary has no Ceph client and says
+# so at its first RBD call.
 build:
-	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/spindle ./cmd/spindle
+	tags=$$(hack/go-tags.sh) && CGO_ENABLED=1 $(GO) build -tags "$$tags" -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/spindle ./cmd/spindle
 	$(GO) build -trimpath -o $(BIN)/kubectl-spindle ./cmd/kubectl-spindle
 
 deps:
@@ -43,26 +48,45 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags "$$(hack/go-tags.sh)" ./...
+
+# The packages that reach a real Ceph: built with the tag "ceph" and run
+# inside a Ceph root (hack/ceph/run: the release's daemons, CLIs and client
+# libraries, Tentacle 20 unless SPINDLE_CEPH_RELEASE says otherwise).
+CEPH_PKGS := ./internal/ceph/... ./internal/backend/rbd/... ./e2e/sanity/rbd/ ./e2e/rbd/
+CEPH_EXEC  = $(CURDIR)/hack/ceph/run
 
 # The csi-sanity runs write their spec counts to $(REPORTS), printed last.
 # helm is built first (hack/helm.sh, cached) so the chart's tests run too;
 # the stock csi-sanity binary (hack/csi-sanity.sh, cached) runs against the
-# spindle binary built here, as users run both. The RBD package takes about
-# 14 minutes with -race on a loaded 2-core machine (a real Ceph, its
-# copy-on-write and failure-cleanup tests): more than go test's default
-# 10-minute limit, hence 30.
+# spindle binary built here, as users run both. Then the Ceph packages, in
+# the Ceph root (its release printed first). Each package's time limit is
+# three times what it takes on an idle 2-core machine (docs/testing.md).
 test: deps lint helm csi-sanity build
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_HELM=$$(hack/helm.sh) SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_BINARY=$(CURDIR)/$(BIN)/spindle \
 	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 -timeout 30m ./...
+	@$(CEPH_EXEC) sh -c 'echo "make test: the Ceph packages on Ceph $$(ceph --version | cut -d" " -f3-), with its client"'
+	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 -timeout 20m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) $(CEPH_PKGS)
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
 
-# The stock csi-sanity binary against RBD on a throw-away Ceph (long:
-# csi-sanity's 10 GiB volumes through rbd-fuse; docs/testing.md).
+# The Ceph packages against the other releases Spindle supports: the
+# contract suite with Reef 18's own client on a Reef cluster, and the
+# contract, the store's cases and the lifecycle with the driver's client
+# (Tentacle 20) on that Reef cluster, whose keys are of the old type
+# (hack/ceph/test-releases.sh).
+test-ceph: deps build
+	hack/ceph/test-releases.sh
+
+# The stock csi-sanity binary against RBD on a throw-away Ceph 20, then on
+# Ceph 18 (Reef) with the driver's own client (long: csi-sanity's 10 GiB
+# volumes; docs/testing.md).
 sanity-stock-rbd: deps csi-sanity
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \
-	$(GO) test -count=1 -timeout 30m -run TestStockSanityRBD ./e2e/sanity/rbd/
+	$(GO) test -count=1 -timeout 30m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) -run TestStockSanityRBD ./e2e/sanity/rbd/
+	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \
+	hack/ceph/test-releases.sh sanity
 	@cat $(REPORTS)/*.txt
 
 helm:
