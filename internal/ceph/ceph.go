@@ -72,6 +72,17 @@ type ImageInfo struct {
 	Created  time.Time
 }
 
+// ImageHeader is what an image's header says of it, read without opening
+// the image (opening a clone opens its parents too).
+type ImageHeader struct {
+	ID        string
+	Size      uint64
+	Features  []string // by name, as ImageInfo's
+	Created   time.Time
+	Metadata  map[string]string
+	Snapshots int // in every namespace
+}
+
 // Parent is the image and snapshot a clone hangs from. A parent deleted
 // while it had clones is in the trash: it has no name to open it by, only
 // its ID (Trash is set).
@@ -128,6 +139,18 @@ type Lock struct {
 	Client string // "client.4567"
 	Cookie string
 	Addr   string
+}
+
+// Inspection is all there is to know of an image before it is removed:
+// what DescribeImage says, and what keeps it from going: the clients that
+// have it open, its advisory locks and its snapshots (clones hang from
+// them).
+type Inspection struct {
+	Info      ImageInfo
+	Metadata  map[string]string
+	Watchers  []string // "ip:port/nonce"
+	Locks     []Lock
+	Snapshots []SnapInfo // in every namespace
 }
 
 // TaskAction is a background task of the manager's rbd_support module.
@@ -218,6 +241,9 @@ type Client interface {
 	// DescribeImage is StatImage and ImageMetadata of the image's head in
 	// one call.
 	DescribeImage(ctx context.Context, image ImageSpec) (*ImageInfo, map[string]string, error)
+	// ImageHeader reads an image's ID, size, metadata and number of
+	// snapshots without opening the image.
+	ImageHeader(ctx context.Context, image ImageSpec) (*ImageHeader, error)
 	// ResizeImage grows (or shrinks) an image.
 	ResizeImage(ctx context.Context, image ImageSpec, size uint64) error
 	// RenameImage renames an image within its pool; ErrAlreadyExists when
@@ -237,7 +263,8 @@ type Client interface {
 	// ImageMetadataValue is one key's value; ErrNotFound when unset.
 	ImageMetadataValue(ctx context.Context, image ImageSpec, key string) (string, error)
 	// SetImageMetadata sets each key to its value, and removes each whose
-	// value is "" (a key that is not set is removed already).
+	// value is "" (a key that is not set is removed already), in the
+	// order of the keys' names: a call cut short has set a prefix of them.
 	SetImageMetadata(ctx context.Context, image ImageSpec, kv map[string]string) error
 
 	// Snapshots lists an image's snapshots in every namespace.
@@ -271,6 +298,10 @@ type Client interface {
 	Watchers(ctx context.Context, image ImageSpec) ([]string, error)
 	// Locks lists an image's advisory locks.
 	Locks(ctx context.Context, image ImageSpec) ([]Lock, error)
+	// InspectImage is DescribeImage, Watchers, Locks and Snapshots of an
+	// image in one call (one open of the image, where they would open it
+	// four times).
+	InspectImage(ctx context.Context, image ImageSpec) (*Inspection, error)
 	// BreakLock breaks one advisory lock.
 	BreakLock(ctx context.Context, image ImageSpec, lock Lock) error
 

@@ -5,6 +5,7 @@ package ceph
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -698,6 +699,84 @@ func (c *conn) DescribeImage(ctx context.Context, image ImageSpec) (*ImageInfo, 
 	return info, meta, err
 }
 
+func (c *conn) ImageHeader(ctx context.Context, image ImageSpec) (*ImageHeader, error) {
+	h := &ImageHeader{}
+	err := c.call(ctx, "read the header of "+image.String(), func(c *conn) error {
+		io, header, err := c.header(image)
+		if err != nil {
+			return err
+		}
+		if header == "" {
+			return c.withImage(image, "", false, func(img *rbd.Image) (err error) {
+				info, err := stat(img)
+				if err != nil {
+					return err
+				}
+				h.ID, h.Size, h.Features, h.Created = info.ID, info.Size, info.Features, info.Created
+				snaps, err := snapshots(img)
+				if err != nil {
+					return err
+				}
+				h.Snapshots = len(snaps)
+				h.Metadata, err = img.ListMetadata()
+				return err
+			})
+		}
+		h.ID = strings.TrimPrefix(header, headerObjectPrefix)
+		op := rados.CreateReadOp()
+		defer op.Release()
+		sizeStep := op.Exec("rbd", "get_size", binary.LittleEndian.AppendUint64(nil, headSnapID))
+		featureStep := op.Exec("rbd", "get_features", binary.LittleEndian.AppendUint64(nil, headSnapID))
+		snapStep := op.Exec("rbd", "get_snapcontext", nil)
+		createdStep := op.Exec("rbd", "get_create_timestamp", nil)
+		if err := op.Operate(io, header, rados.OperationNoFlag); err != nil {
+			return err
+		}
+		out, err := sizeStep.Bytes()
+		if err == nil {
+			h.Size, err = decodeSize(out)
+		}
+		if err != nil {
+			return fmt.Errorf("size of %s: %w", header, err)
+		}
+		out, err = featureStep.Bytes()
+		if err == nil {
+			var features uint64
+			if features, err = decodeFeatures(out); err == nil {
+				fs := rbd.FeatureSet(features)
+				h.Features = fs.Names()
+				slices.Sort(h.Features)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("features of %s: %w", header, err)
+		}
+		out, err = snapStep.Bytes()
+		if err == nil {
+			h.Snapshots, err = decodeSnapCount(out)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshots of %s: %w", header, err)
+		}
+		out, err = createdStep.Bytes()
+		if err == nil {
+			h.Created, err = decodeTime(out)
+		}
+		if err != nil {
+			return fmt.Errorf("creation time of %s: %w", header, err)
+		}
+		h.Metadata, err = listMetadata(io, header)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if h.Metadata == nil {
+		h.Metadata = map[string]string{}
+	}
+	return h, nil
+}
+
 func (c *conn) ResizeImage(ctx context.Context, image ImageSpec, size uint64) error {
 	return c.call(ctx, "resize image "+image.String(), func(c *conn) error {
 		return c.withImage(image, "", true, func(img *rbd.Image) error { return img.Resize(size) })
@@ -747,6 +826,14 @@ func (c *conn) FlattenImage(ctx context.Context, image ImageSpec) error {
 func (c *conn) ImageMetadata(ctx context.Context, image ImageSpec) (map[string]string, error) {
 	var meta map[string]string
 	err := c.call(ctx, "list metadata of "+image.String(), func(c *conn) error {
+		io, header, err := c.header(image)
+		if err != nil {
+			return err
+		}
+		if header != "" {
+			meta, err = listMetadata(io, header)
+			return err
+		}
 		return c.withImage(image, "", false, func(img *rbd.Image) (err error) {
 			meta, err = img.ListMetadata()
 			return err
@@ -761,6 +848,23 @@ func (c *conn) ImageMetadata(ctx context.Context, image ImageSpec) (map[string]s
 func (c *conn) ImageMetadataValue(ctx context.Context, image ImageSpec, key string) (string, error) {
 	var v string
 	err := c.call(ctx, "get metadata "+key+" of "+image.String(), func(c *conn) error {
+		io, header, err := c.header(image)
+		if err != nil {
+			return err
+		}
+		if header != "" {
+			op := rados.CreateReadOp()
+			defer op.Release()
+			step := op.Exec("rbd", "metadata_get", appendString(nil, key))
+			if err := op.Operate(io, header, rados.OperationNoFlag); err != nil {
+				return err
+			}
+			out, err := step.Bytes()
+			if err == nil {
+				v, _, err = decodeString(out)
+			}
+			return err
+		}
 		return c.withImage(image, "", false, func(img *rbd.Image) (err error) {
 			v, err = img.GetMetadata(key)
 			return err
@@ -770,13 +874,26 @@ func (c *conn) ImageMetadataValue(ctx context.Context, image ImageSpec, key stri
 }
 
 func (c *conn) SetImageMetadata(ctx context.Context, image ImageSpec, kv map[string]string) error {
+	keys := make([]string, 0, len(kv))
+	for k := range kv {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
 	return c.call(ctx, "set metadata of "+image.String(), func(c *conn) error {
-		return c.withImage(image, "", true, func(img *rbd.Image) error {
-			keys := make([]string, 0, len(kv))
-			for k := range kv {
-				keys = append(keys, k)
+		if directMetadata(keys) {
+			// A key removed by another client between the list and the
+			// write fails the write whole: it is made again.
+			for attempt := 0; ; attempt++ {
+				done, err := c.setMetadataDirect(image, kv)
+				if done && (Errno(err) != ENOENT || attempt == 2) {
+					return err
+				}
+				if !done {
+					break
+				}
 			}
-			slices.Sort(keys)
+		}
+		return c.withImage(image, "", true, func(img *rbd.Image) error {
 			for _, k := range keys {
 				if v := kv[k]; v != "" {
 					if err := img.SetMetadata(k, v); err != nil {
@@ -789,6 +906,108 @@ func (c *conn) SetImageMetadata(ctx context.Context, image ImageSpec, kv map[str
 			return nil
 		})
 	})
+}
+
+// header is the I/O context and header object of a format-2 image, or ""
+// for the header when the image has no ID object (format 1, or no such
+// image: opening it through librbd tells which).
+func (c *conn) header(image ImageSpec) (*rados.IOContext, string, error) {
+	io, err := c.ioctxOf(image.PoolSpec)
+	if err != nil {
+		return nil, "", err
+	}
+	op := rados.CreateReadOp()
+	defer op.Release()
+	step := op.Exec("rbd", "get_id", nil)
+	err = op.Operate(io, idObjectPrefix+image.Name, rados.OperationNoFlag)
+	if Errno(err) == ENOENT {
+		return io, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	out, err := step.Bytes()
+	if err != nil {
+		return nil, "", err
+	}
+	id, _, err := decodeString(out)
+	if err != nil {
+		return nil, "", fmt.Errorf("ID of image %s: %w", image, err)
+	}
+	return io, headerObjectPrefix + id, nil
+}
+
+// listMetadata lists all metadata of the image whose header object that
+// is, a page at a time.
+func listMetadata(io *rados.IOContext, header string) (map[string]string, error) {
+	const page = 256
+	all := map[string]string{}
+	after := ""
+	for {
+		op := rados.CreateReadOp()
+		step := op.Exec("rbd", "metadata_list", encodeListArgs(after, page))
+		err := op.Operate(io, header, rados.OperationNoFlag)
+		var out []byte
+		if err == nil {
+			out, err = step.Bytes()
+		}
+		op.Release()
+		if err != nil {
+			return nil, err
+		}
+		m, err := decodeMap(out)
+		if err != nil {
+			return nil, fmt.Errorf("metadata of %s: %w", header, err)
+		}
+		for k, v := range m {
+			all[k] = v
+			after = max(after, k)
+		}
+		if len(m) < page {
+			return all, nil
+		}
+	}
+}
+
+// setMetadataDirect sets and removes the keys with one write to the
+// image's header object; done is false when the image has none to write
+// to (SetImageMetadata then opens it).
+func (c *conn) setMetadataDirect(image ImageSpec, kv map[string]string) (done bool, err error) {
+	io, header, err := c.header(image)
+	if err != nil || header == "" {
+		return err != nil, err
+	}
+	set := map[string]string{}
+	var remove []string
+	for k, v := range kv {
+		if v != "" {
+			set[k] = v
+		} else {
+			remove = append(remove, k)
+		}
+	}
+	if len(remove) > 0 {
+		// metadata_remove fails on a key that is not there.
+		present, err := listMetadata(io, header)
+		if err != nil {
+			return true, err
+		}
+		remove = slices.DeleteFunc(remove, func(k string) bool { _, ok := present[k]; return !ok })
+		slices.Sort(remove)
+	}
+	if len(set) == 0 && len(remove) == 0 {
+		return true, nil
+	}
+	op := rados.CreateWriteOp()
+	defer op.Release()
+	op.AssertExists() // an image removed meanwhile gets no stray header
+	if len(set) > 0 {
+		op.Exec("rbd", "metadata_set", encodeMap(set))
+	}
+	for _, k := range remove {
+		op.Exec("rbd", "metadata_remove", appendString(nil, k))
+	}
+	return true, op.Operate(io, header, rados.OperationNoFlag)
 }
 
 var snapNamespaces = map[rbd.SnapNamespaceType]SnapNamespace{
@@ -959,6 +1178,45 @@ func (c *conn) Locks(ctx context.Context, image ImageSpec) ([]Lock, error) {
 		})
 	})
 	return out, err
+}
+
+func (c *conn) InspectImage(ctx context.Context, image ImageSpec) (*Inspection, error) {
+	in := &Inspection{}
+	err := c.call(ctx, "inspect image "+image.String(), func(c *conn) error {
+		return c.withImage(image, "", false, func(img *rbd.Image) error {
+			info, err := stat(img)
+			if err != nil {
+				return err
+			}
+			in.Info = *info
+			if in.Metadata, err = img.ListMetadata(); err != nil {
+				return err
+			}
+			ws, err := img.ListWatchers()
+			if err != nil {
+				return err
+			}
+			for _, w := range ws {
+				in.Watchers = append(in.Watchers, w.Addr)
+			}
+			_, lockers, err := img.ListLockers()
+			if err != nil {
+				return err
+			}
+			for _, l := range lockers {
+				in.Locks = append(in.Locks, Lock{Client: l.Client, Cookie: l.Cookie, Addr: l.Addr})
+			}
+			in.Snapshots, err = snapshots(img)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	if in.Metadata == nil {
+		in.Metadata = map[string]string{}
+	}
+	return in, nil
 }
 
 func (c *conn) BreakLock(ctx context.Context, image ImageSpec, lock Lock) error {

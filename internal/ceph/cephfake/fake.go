@@ -635,6 +635,19 @@ func (cl *client) DescribeImage(ctx context.Context, spec ceph.ImageSpec) (*ceph
 	return cl.c.info(img, nil), maps.Clone(img.meta), nil
 }
 
+func (cl *client) ImageHeader(ctx context.Context, spec ceph.ImageSpec) (*ceph.ImageHeader, error) {
+	img, unlock, err := cl.image(ctx, call{Op: "ImageHeader", Image: spec})
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	meta := maps.Clone(img.meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	return &ceph.ImageHeader{ID: img.id, Size: img.size, Features: cl.c.info(img, nil).Features, Created: img.created, Metadata: meta, Snapshots: len(img.snaps)}, nil
+}
+
 // image finds a live image for a call, under the lock.
 func (cl *client) image(ctx context.Context, op call) (*image, func(), error) {
 	unlock, err := cl.begin(ctx, op)
@@ -952,6 +965,19 @@ func (cl *client) Locks(ctx context.Context, spec ceph.ImageSpec) ([]ceph.Lock, 
 	}
 	defer unlock()
 	return slices.Clone(img.locks), nil
+}
+
+func (cl *client) InspectImage(ctx context.Context, spec ceph.ImageSpec) (*ceph.Inspection, error) {
+	img, unlock, err := cl.image(ctx, call{Op: "InspectImage", Image: spec})
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	meta := maps.Clone(img.meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	return &ceph.Inspection{Info: *cl.c.info(img, nil), Metadata: meta, Watchers: slices.Clone(img.watchers), Locks: slices.Clone(img.locks), Snapshots: snapInfos(img)}, nil
 }
 
 func (cl *client) BreakLock(ctx context.Context, spec ceph.ImageSpec, lock ceph.Lock) error {

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -301,6 +302,38 @@ var cases = []contractCase{
 		}
 		_, err = h.c.ImageMetadataValue(h.ctx, s, "k1")
 		h.wantKind(err, errdefs.ErrNotFound, "get a removed key")
+		// What one call writes the image's open (DescribeImage) reads,
+		// whichever way each goes: many keys, a per-image configuration
+		// key (which clients that have the image open must be told of),
+		// and a set and a remove in one call.
+		many := map[string]string{"conf_rbd_cache": "false"}
+		for i := range 300 {
+			many[fmt.Sprintf("m%03d", i)] = strings.Repeat("v", i)
+		}
+		h.must(h.c.SetImageMetadata(h.ctx, s, many), "set 301 keys")
+		h.must(h.c.SetImageMetadata(h.ctx, s, map[string]string{"k2": "", "m000": "first"}), "remove k2 and set m000")
+		many["m000"] = "first"
+		_, described, err := h.c.DescribeImage(h.ctx, s)
+		h.must(err, "describe")
+		listed, err := h.c.ImageMetadata(h.ctx, s)
+		h.must(err, "list")
+		if !maps.Equal(described, many) || !maps.Equal(listed, many) {
+			h.t.Fatalf("metadata described %d keys, listed %d; want the 301 set (m000=first, no k2)", len(described), len(listed))
+		}
+		h.must(h.c.ResizeImage(h.ctx, s, 96<<20), "grow")
+		h.must(h.c.CreateSnapshot(h.ctx, s, "s1"), "snapshot")
+		info, err := h.c.StatImage(h.ctx, s, "")
+		h.must(err, "stat")
+		head, err := h.c.ImageHeader(h.ctx, s)
+		if err != nil || head.ID != info.ID || head.Size != 96<<20 || head.Snapshots != 1 || !slices.Equal(head.Features, info.Features) || !head.Created.Equal(info.Created) || !maps.Equal(head.Metadata, many) {
+			h.t.Fatalf("header: %+v (%d keys), %v; want ID %s, 96 MiB, features %v, 1 snapshot and the 301 keys", head, len(head.Metadata), err, info.ID, info.Features)
+		}
+		h.must(h.c.RemoveSnapshot(h.ctx, s, "s1"), "remove the snapshot")
+		_, err = h.c.ImageMetadata(h.ctx, h.spec(h.pool(), "missing"))
+		h.wantKind(err, errdefs.ErrNotFound, "list the metadata of a missing image")
+		_, err = h.c.ImageHeader(h.ctx, h.spec(h.pool(), "missing"))
+		h.wantKind(err, errdefs.ErrNotFound, "read the header of a missing image")
+		h.wantKind(h.c.SetImageMetadata(h.ctx, h.spec(h.pool(), "missing"), map[string]string{"k": "v"}), errdefs.ErrNotFound, "set metadata of a missing image")
 	}},
 	{"ResizeAndRename", func(h *harness) {
 		s := h.create(h.pool(), "a")
@@ -495,6 +528,15 @@ var cases = []contractCase{
 			h.t.Fatalf("watchers %v %v, want %s", w, err, addr)
 		}
 		h.wantErrno(h.c.RemoveImage(h.ctx, s), ceph.EBUSY, "remove a watched image")
+		h.must(h.c.CreateSnapshot(h.ctx, s, "s1"), "snapshot")
+		h.must(h.c.SetImageMetadata(h.ctx, s, map[string]string{"k": "v"}), "set metadata")
+		in, err := h.c.InspectImage(h.ctx, s)
+		if err != nil || !slices.Contains(in.Watchers, addr) || len(in.Locks) != 0 || !slices.Equal(names(in.Snapshots), []string{"s1"}) ||
+			in.Info.Size != 64<<20 || in.Info.ID == "" || !maps.Equal(in.Metadata, map[string]string{"k": "v"}) {
+			stop()
+			h.t.Fatalf("inspection %+v %v, want watcher %s, no lock, snapshot s1, 64 MiB and metadata k=v", in, err, addr)
+		}
+		h.must(h.c.RemoveSnapshot(h.ctx, s, "s1"), "remove snapshot")
 		stop()
 		h.await("the watch ends", func() (bool, error) {
 			w, err := h.c.Watchers(h.ctx, s)
@@ -504,6 +546,9 @@ var cases = []contractCase{
 		locks, err := h.c.Locks(h.ctx, s)
 		if err != nil || len(locks) != 1 || locks[0].Cookie != "cookie-1" || locks[0].Client == "" {
 			h.t.Fatalf("locks %+v %v", locks, err)
+		}
+		if in, err := h.c.InspectImage(h.ctx, s); err != nil || !slices.Equal(in.Locks, locks) || len(in.Watchers) != 0 || len(in.Snapshots) != 0 {
+			h.t.Fatalf("inspection %+v %v, want lock %+v alone", in, err, locks)
 		}
 		h.must(h.c.BreakLock(h.ctx, s, locks[0]), "break")
 		if locks, _ := h.c.Locks(h.ctx, s); len(locks) != 0 {

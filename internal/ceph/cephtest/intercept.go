@@ -247,6 +247,20 @@ func (i intercepted) Watchers(ctx context.Context, image ceph.ImageSpec) ([]stri
 	return i.c.Watchers(ctx, image)
 }
 
+func (i intercepted) InspectImage(ctx context.Context, image ceph.ImageSpec) (*ceph.Inspection, error) {
+	if err := i.hook(ctx, Call{Op: "InspectImage", Image: image}); err != nil {
+		return nil, err
+	}
+	return i.c.InspectImage(ctx, image)
+}
+
+func (i intercepted) ImageHeader(ctx context.Context, image ceph.ImageSpec) (*ceph.ImageHeader, error) {
+	if err := i.hook(ctx, Call{Op: "ImageHeader", Image: image}); err != nil {
+		return nil, err
+	}
+	return i.c.ImageHeader(ctx, image)
+}
+
 func (i intercepted) Locks(ctx context.Context, image ceph.ImageSpec) ([]ceph.Lock, error) {
 	if err := i.hook(ctx, Call{Op: "Locks", Image: image}); err != nil {
 		return nil, err
