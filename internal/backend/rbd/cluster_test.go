@@ -252,6 +252,7 @@ func settle(t *testing.T, ctx context.Context, c *testCluster, store *rbd.Store,
 	t.Helper()
 	slices.Sort(want)
 	deadline := time.Now().Add(3 * time.Minute)
+	rbd.WaitAnswered(store)
 	for {
 		if _, err := store.Maintain(ctx); err != nil {
 			t.Logf("maintain: %v", err)

@@ -116,17 +116,15 @@ func (s *Store) restoreSource(ctx context.Context, r ref, what string) (ref, str
 	if err != nil {
 		return ref{}, "", 0, err
 	}
-	if _, err := cl.StatImage(ctx, r.cephImage(), snapshotSnap); err == nil {
-		depth, err := s.admitClone(ctx, r, snapshotSnap, what)
-		return r, snapshotSnap, depth, err
-	} else if errdefs.KindOf(err) != errdefs.ErrNotFound {
-		return ref{}, "", 0, err
-	}
-	info, err := cl.StatImage(ctx, r.cephImage(), "")
+	in, err := cl.InspectImage(ctx, r.cephImage())
 	if err != nil {
 		return ref{}, "", 0, err
 	}
-	if p := info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
+	if slices.ContainsFunc(in.Snapshots, func(sn ceph.SnapInfo) bool { return sn.Namespace == ceph.SnapUser && sn.Name == snapshotSnap }) {
+		depth, err := s.admitClone(ctx, r, snapshotSnap, what)
+		return r, snapshotSnap, depth, err
+	}
+	if p := in.Info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
 		src := location{cluster: r.cluster, pool: p.Pool, namespace: p.Namespace}.ref(p.Image)
 		// The snapshot is the volume's under its own name while the CSI
 		// snapshot lives (in the trash namespace it has another).

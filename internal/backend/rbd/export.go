@@ -56,7 +56,7 @@ func (l ledger) UpdateGrants(ctx context.Context, imageID string, withPool bool,
 		return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "no volume %s", imageID)
 	}
 	defer s.locks.lock(imageID)()
-	img, _, err := s.getImage(ctx, imageID)
+	img, err := s.getImage(ctx, imageID)
 	if err != nil {
 		return nil, err
 	}

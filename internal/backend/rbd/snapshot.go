@@ -54,7 +54,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 	default:
 		return nil, err
 	}
-	src, srcInfo, err := s.getImage(ctx, spec.SourceImageID)
+	src, srcInfo, err := s.describeVolume(ctx, spec.SourceImageID)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 		return s.cloneOfNow(ctx, source, srcInfo, copySnapPrefix+hashOf(r.image), tmp, ceph.ImageOptions{Features: features}, src.CapacityBytes, true)
 	}
 	meta := map[string]string{metaName: spec.Name, metaSnapshot: mustJSON(rec), metaDepth: depthValue(depth)}
-	if err := s.buildAndRename(ctx, r, true, build, meta); err != nil {
+	if err := s.buildAndRename(ctx, r, build, meta); err != nil {
 		// The source's snapshot is no CSI snapshot's now: it goes too.
 		undo := context.WithoutCancel(ctx)
 		if cl, cerr := s.client(undo, source.location); cerr == nil {
@@ -85,7 +85,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, spec backend.SnapshotSpec) (
 		return nil, err
 	}
 	s.settleDepth(ctx, r, depth)
-	return s.GetSnapshot(ctx, id)
+	return decodeSnapshot(id, r, meta)
 }
 
 // userFeatures keeps the features of "rbd info" that an image can be
@@ -109,7 +109,13 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, 
 	if err != nil {
 		return nil, err
 	}
-	_, meta, err := s.read(ctx, r)
+	// The record is all there is to read: the metadata alone (one round
+	// trip, where opening the image takes several).
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
+	}
+	meta, err := cl.ImageMetadata(ctx, r.cephImage())
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil, errdefs.NotFound("snapshot %s does not exist", id)
 	}
@@ -119,6 +125,11 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*backend.Snapshot, 
 	if meta[metaSnapshot] == "" {
 		return nil, errdefs.NotFound("snapshot %s does not exist (image %s carries no %s metadata)", id, r.spec(), metaSnapshot)
 	}
+	return decodeSnapshot(id, r, meta)
+}
+
+// decodeSnapshot builds the backend's view of a snapshot image.
+func decodeSnapshot(id string, r ref, meta map[string]string) (*backend.Snapshot, error) {
 	var rec snapshotRecord
 	if err := json.Unmarshal([]byte(meta[metaSnapshot]), &rec); err != nil {
 		return nil, fmt.Errorf("image %s: metadata %s: %w", r.spec(), metaSnapshot, err)
@@ -172,32 +183,91 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 		return nil
 	}
 	defer s.locks.lock(id)()
-	info, meta, err := s.read(ctx, r)
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	head, err := cl.ImageHeader(ctx, r.cephImage())
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if meta[metaSnapshot] == "" {
+	if head.Metadata[metaSnapshot] == "" {
 		return nil // no snapshot of Spindle's: nothing of ours to delete
 	}
-	if err := s.remove(ctx, r, info); err != nil {
+	if head.Snapshots == 0 && !slices.Contains(head.Features, "exclusive-lock") {
+		return s.removeSnapshotImage(ctx, r, head)
+	}
+	// Snapshots of its own (restores hang from them), or a lock that may
+	// be held: the whole way.
+	in, err := s.inspect(ctx, r)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.remove(ctx, r, in); err != nil {
 		return err
 	}
 	// The source volume's snapshot the image hangs from goes too (into the
-	// source's trash namespace while restores hang from it); one the
-	// volume no longer has under that name (the volume deleted, or a
-	// snapshot of an earlier version) went already.
-	if p := info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
+	// source's trash namespace while restores hang from it), after the
+	// answer; one the volume no longer has under that name (the volume
+	// deleted, or a snapshot of an earlier version) went already.
+	if p := in.Info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
 		src := location{cluster: r.cluster, pool: p.Pool, namespace: p.Namespace}.ref(p.Image)
-		cl, err := s.client(ctx, src.location)
-		if err != nil {
+		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.dropCopySnapshot(ctx, r, src, p.Snapshot) })
+	}
+	return nil
+}
+
+// removeSnapshotImage deletes a snapshot image that has no snapshot of
+// its own and cannot be locked, without opening it (the open of a clone
+// opens its parents): nothing hangs from it, no node ever maps a snapshot
+// image, so it goes to the trash and its removal is queued. The source's
+// snapshot it was cloned from, csi-copy-<hash> (cow.go), goes after the
+// answer.
+func (s *Store) removeSnapshotImage(ctx context.Context, r ref, head *ceph.ImageHeader) error {
+	var rec snapshotRecord
+	if err := json.Unmarshal([]byte(head.Metadata[metaSnapshot]), &rec); err != nil {
+		return fmt.Errorf("image %s: metadata %s: %w", r.spec(), metaSnapshot, err)
+	}
+	if !isSpindleImage(r.image) {
+		if err := s.registerTrashed(ctx, r.location, head.ID, r.image); err != nil {
 			return err
 		}
-		if err := cl.RemoveSnapshot(ctx, src.cephImage(), p.Snapshot); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
-			return fmt.Errorf("remove snapshot %s, which snapshot %s was taken from: %w", src.at(p.Snapshot), id, err)
-		}
+	}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	if err := cl.TrashMove(ctx, r.cephImage()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return err
+	}
+	// Its removal is queued after the answer, as remove does.
+	s.afterAnswer(ctx, func(ctx context.Context) { _ = s.removeInBackground(ctx, r.location, head.ID, r.image) })
+	if src, err := s.volumeRef(rec.SourceImageID); err == nil {
+		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.dropCopySnapshot(ctx, r, src, copySnapPrefix+hashOf(r.image)) })
+	}
+	return nil
+}
+
+// dropCopySnapshot removes src@snap, the RBD snapshot the deleted CSI
+// snapshot image r was cloned from, unless a CSI snapshot of the same name
+// was taken again meanwhile (it hangs from the same snapshot).
+func (s *Store) dropCopySnapshot(ctx context.Context, r, src ref, snap string) error {
+	defer s.locks.lock(s.idOf(r))()
+	cl, err := s.client(ctx, src.location)
+	if err != nil {
+		return err
+	}
+	if _, err := cl.StatImage(ctx, r.cephImage(), ""); errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return err // taken again, or the cluster did not say
+	}
+	if err := cl.RemoveSnapshot(ctx, src.cephImage(), snap); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+		return fmt.Errorf("remove snapshot %s, which snapshot %s was taken from: %w", src.at(snap), s.idOf(r), err)
 	}
 	return nil
 }

@@ -212,7 +212,7 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ado
 	if name, ok := meta[metaName]; ok {
 		switch {
 		case name == spec.Name && meta[metaVolume] != "":
-			return adopted(s.decode(id, r.image, info, meta)) // adopted already
+			return adopted(s.decode(id, r.image, info.Size, meta)) // adopted already
 		case name != spec.Name:
 			return nil, errdefs.Precondition("adopt %s: the image already is Spindle's %q", r.spec(), name)
 		}
@@ -232,7 +232,7 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ado
 	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, CreatedAt: time.Now().UTC()}
 	meta = map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec)}
 	if spec.DryRun {
-		res, err := adopted(s.decode(id, r.image, info, meta))
+		res, err := adopted(s.decode(id, r.image, info.Size, meta))
 		if err == nil {
 			res.OpenBy = openBy
 		}
@@ -250,7 +250,7 @@ func (s *Store) Adopt(ctx context.Context, spec backend.AdoptSpec) (*backend.Ado
 		}
 		return nil, err
 	}
-	img, _, err := s.getImage(ctx, id)
+	img, err := s.getImage(ctx, id)
 	return adopted(img, err)
 }
 

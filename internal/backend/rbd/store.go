@@ -139,8 +139,30 @@ func (s *Store) read(ctx context.Context, r ref) (*ceph.ImageInfo, map[string]st
 	return cl.DescribeImage(ctx, r.cephImage())
 }
 
-// getImage reads a volume image; ErrNotFound names id.
-func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *ceph.ImageInfo, error) {
+// getImage reads a volume image: its size and metadata, without opening
+// it. ErrNotFound names id.
+func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, error) {
+	r, err := s.volumeRef(id)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
+	}
+	head, err := cl.ImageHeader(ctx, r.cephImage())
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil, errdefs.NotFound("volume %s does not exist", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.decode(id, r.image, head.Size, head.Metadata)
+}
+
+// describeVolume reads a volume image and what Ceph says of it (its
+// features, its parent). ErrNotFound names id.
+func (s *Store) describeVolume(ctx context.Context, id string) (*backend.Image, *ceph.ImageInfo, error) {
 	r, err := s.volumeRef(id)
 	if err != nil {
 		return nil, nil, err
@@ -152,12 +174,12 @@ func (s *Store) getImage(ctx context.Context, id string) (*backend.Image, *ceph.
 	if err != nil {
 		return nil, nil, err
 	}
-	img, err := s.decode(id, r.image, info, meta)
+	img, err := s.decode(id, r.image, info.Size, meta)
 	return img, info, err
 }
 
 // decode builds the backend's view of a volume image.
-func (s *Store) decode(id, image string, info *ceph.ImageInfo, meta map[string]string) (*backend.Image, error) {
+func (s *Store) decode(id, image string, size uint64, meta map[string]string) (*backend.Image, error) {
 	name, ok := meta[metaName]
 	if !ok || meta[metaVolume] == "" {
 		return nil, errdefs.NotFound("volume %s does not exist (image %s carries no %s metadata)", id, image, metaVolume)
@@ -167,7 +189,7 @@ func (s *Store) decode(id, image string, info *ceph.ImageInfo, meta map[string]s
 		return nil, fmt.Errorf("image %s: metadata %s: %w", image, metaVolume, err)
 	}
 	img := &backend.Image{
-		ID: id, Name: name, CapacityBytes: int64(info.Size), AccessType: rec.AccessType, FsType: rec.FsType,
+		ID: id, Name: name, CapacityBytes: int64(size), AccessType: rec.AccessType, FsType: rec.FsType,
 		Parameters: rec.Parameters, Source: rec.Source, CreatedAt: rec.CreatedAt, Encryption: rec.Encryption,
 	}
 	if fs := meta[metaFormatted]; fs != "" {
@@ -206,15 +228,18 @@ func mustJSON(v any) string {
 
 // Get implements backend.ImageStore.
 func (s *Store) Get(ctx context.Context, id string) (*backend.Image, error) {
-	img, _, err := s.getImage(ctx, id)
+	img, err := s.getImage(ctx, id)
 	return img, err
 }
 
-// Create implements backend.ImageStore. The image is built under a
-// temporary name (created or cloned, grown, its metadata written) and
-// renamed to its final name last: "rbd rename" is atomic and refuses an
-// existing name, so a volume is either complete or absent, and a failed
-// Create removes its temporary image.
+// Create implements backend.ImageStore. A volume of no content source is
+// made in place (createInPlace). A copy (a clone of a volume, a restore
+// of a snapshot) is built under a temporary name (cloned, grown, its
+// metadata written) and renamed to its final name last: a clone inherits
+// its parent's metadata, so under its final name it would look like a
+// volume before it is one; "rbd rename" is atomic and refuses an existing
+// name, so a copy is either complete or absent, and a failed Create
+// removes its temporary image.
 func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.Image, error) {
 	if spec.CapacityBytes <= 0 {
 		return nil, errdefs.InvalidArgument("volume %q: capacity %d bytes must be positive", spec.Name, spec.CapacityBytes)
@@ -232,8 +257,11 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	r := opts.loc.ref(hashedName(opts.prefix, spec.Name))
 	id := s.idOf(r)
 	defer s.locks.lock(id)()
+	if spec.Source == nil {
+		return s.createInPlace(ctx, r, spec, opts)
+	}
 
-	existing, _, err := s.getImage(ctx, id)
+	existing, err := s.getImage(ctx, id)
 	// An error of no kind (the monitors did not answer) is that error,
 	// never an existing image.
 	switch {
@@ -247,16 +275,9 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, Source: spec.Source, CreatedAt: time.Now().UTC(), Encryption: spec.Encryption}
 	formatted := ""
 	var build func(tmp ref) error
-	depth := 0 // copy-on-write parents of the new image
+	depth := 0                 // copy-on-write parents of the new image
+	size := spec.CapacityBytes // the copy's, once grown to the request
 	switch {
-	case spec.Source == nil:
-		build = func(tmp ref) error {
-			cl, err := s.client(ctx, tmp.location)
-			if err != nil {
-				return err
-			}
-			return cl.CreateImage(ctx, tmp.cephImage(), uint64(spec.CapacityBytes), opts.imageOptions(opts.features))
-		}
 	case spec.Source.SnapshotID != "":
 		snap, err := s.GetSnapshot(ctx, spec.Source.SnapshotID)
 		if err != nil {
@@ -277,12 +298,12 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if err != nil {
 			return nil, err
 		}
-		depth = d
+		depth, size = d, max(size, snap.SizeBytes)
 		build = func(tmp ref) error {
 			return s.clone(ctx, parent, parentSnap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes, snap.SizeBytes)
 		}
 	default:
-		src, srcInfo, err := s.getImage(ctx, spec.Source.ImageID)
+		src, srcInfo, err := s.describeVolume(ctx, spec.Source.ImageID)
 		if err != nil {
 			return nil, err
 		}
@@ -300,6 +321,7 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 		if depth, err = s.admitClone(ctx, srcRef, "", fmt.Sprintf("volume %q cloned from volume %s", spec.Name, src.ID)); err != nil {
 			return nil, err
 		}
+		size = max(size, src.CapacityBytes)
 		snap := cloneSnapPrefix + hashOf(r.image)
 		build = func(tmp ref) error {
 			return s.cloneOfNow(ctx, srcRef, srcInfo, snap, tmp, opts.imageOptions(opts.features), spec.CapacityBytes, false)
@@ -311,16 +333,143 @@ func (s *Store) Create(ctx context.Context, spec backend.VolumeSpec) (*backend.I
 	if err := s.rememberLocation(ctx, r.location); err != nil {
 		return nil, err
 	}
+	meta := volumeMeta(spec, rec, formatted, depth)
+	if err := s.buildAndRename(ctx, r, build, meta); err != nil {
+		return nil, err
+	}
+	s.settleDepth(ctx, r, depth)
+	return s.decode(id, r.image, uint64(size), meta)
+}
+
+// volumeMeta is a new volume image's metadata ("" for a key it must not
+// carry).
+func volumeMeta(spec backend.VolumeSpec, rec volumeRecord, formatted string, depth int) map[string]string {
 	meta := map[string]string{metaName: spec.Name, metaVolume: mustJSON(rec), metaFormatted: formatted, metaDepth: depthValue(depth)}
 	if len(spec.MutableParameters) > 0 {
 		meta[metaMutable] = mustJSON(spec.MutableParameters)
 	}
-	if err := s.buildAndRename(ctx, r, spec.Source != nil, build, meta); err != nil {
+	return meta
+}
+
+// createsObject is the omap object of each location that notes the images
+// of a volumeNamePrefix that createInPlace is making, by name, with the
+// time it began (RFC 3339): such a name does not say it is Spindle's, and
+// Sweep finds a create of one cut short by its note. (One of Spindle's own
+// names, csi-vol-<hash>, says so: Sweep finds those by their name.)
+const createsObject = "spindle.creates"
+
+// createInPlace makes a volume of no content source under its final name
+// in two calls: the image is created, and given its record (one write of
+// all its keys). An image of a volume's name without the record is a
+// create cut short: nothing ever wrote to it, it was never returned. A
+// volumeNamePrefix's image is noted in createsObject first, and the note
+// dropped at the end. The image is created before it is looked for:
+// CreateImage refuses a name that exists, and only then is the image
+// there read (createLeftover).
+func (s *Store) createInPlace(ctx context.Context, r ref, spec backend.VolumeSpec, opts volumeOptions) (_ *backend.Image, err error) {
+	id := s.idOf(r)
+	if err := s.checkRoom(ctx, spec.CapacityBytes); err != nil {
+		// A repeated CreateVolume is answered however full the cap is.
+		if img, gerr := s.Get(ctx, id); gerr == nil {
+			return img, backend.Compatible(img, spec)
+		}
 		return nil, err
 	}
-	s.settleDepth(ctx, r, depth)
-	img, _, err := s.getImage(ctx, id)
-	return img, err
+	if err := s.rememberLocation(ctx, r.location); err != nil {
+		return nil, err
+	}
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
+	}
+	// The note goes unless an image without its record may be left (the
+	// cluster failed mid-call): Sweep finds that by the note. A note it
+	// cannot drop now is Sweep's to drop.
+	noteStays := false
+	if !isSpindleImage(r.image) {
+		stamp := []byte(s.clock().UTC().Format(time.RFC3339))
+		if err := cl.SetOmap(ctx, r.cephPool(), createsObject, map[string][]byte{r.image: stamp}); err != nil {
+			return nil, fmt.Errorf("note the create of %s in %s/%s: %w", r.spec(), r.location, createsObject, err)
+		}
+		defer func() {
+			if !noteStays {
+				_ = cl.RemoveOmapKeys(context.WithoutCancel(ctx), r.cephPool(), createsObject, []string{r.image})
+			}
+		}()
+	}
+	for retried := false; ; retried = true {
+		err := cl.CreateImage(ctx, r.cephImage(), uint64(spec.CapacityBytes), opts.imageOptions(opts.features))
+		if err == nil {
+			break
+		}
+		if errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+			noteStays = true // a create that timed out may have been made
+			return nil, err
+		}
+		if retried {
+			return nil, errdefs.Wrap(errdefs.ErrBusy, err, "image %s was created by another controller meanwhile; retry", r.spec())
+		}
+		img, err := s.createLeftover(ctx, r, spec)
+		if img != nil || err != nil {
+			return img, err
+		}
+	}
+	rec := volumeRecord{AccessType: spec.AccessType, FsType: spec.FsType, Parameters: spec.Parameters, CreatedAt: time.Now().UTC(), Encryption: spec.Encryption}
+	meta := volumeMeta(spec, rec, "", 0)
+	maps.DeleteFunc(meta, func(_, v string) bool { return v == "" })
+	if err := s.setMeta(ctx, r, meta); err != nil {
+		noteStays = s.removeNow(context.WithoutCancel(ctx), r) != nil
+		return nil, err
+	}
+	return s.decode(id, r.image, uint64(spec.CapacityBytes), meta)
+}
+
+// createLeftover reads the image that has the name createInPlace is
+// making: the volume (its answer) when it carries a volume record. An
+// image of this name without any of Spindle's metadata is a create of
+// this very CSI name cut short (the name is a hash of it; earlier versions
+// renamed complete volumes into place): it is removed, and (nil, nil) says
+// "make it again". One carrying other metadata of Spindle's is not this
+// volume.
+func (s *Store) createLeftover(ctx context.Context, r ref, spec backend.VolumeSpec) (*backend.Image, error) {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
+	}
+	head, err := cl.ImageHeader(ctx, r.cephImage())
+	switch {
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
+		return nil, nil // removed meanwhile
+	case err != nil:
+		return nil, err
+	}
+	meta := head.Metadata
+	if meta[metaVolume] != "" {
+		img, err := s.decode(s.idOf(r), r.image, head.Size, meta)
+		if err != nil {
+			return nil, err
+		}
+		return img, backend.Compatible(img, spec)
+	}
+	if !cutShort(meta) {
+		return nil, errdefs.AlreadyExists("volume %q: image %s exists without a volume record, but with Spindle's metadata of another object (%s %q)", spec.Name, r.spec(), metaName, meta[metaName])
+	}
+	if err := s.removeNow(ctx, r); err != nil {
+		return nil, fmt.Errorf("remove %s, a create of volume %q cut short: %w", r.spec(), spec.Name, err)
+	}
+	return nil, nil
+}
+
+// cutShort reports whether an image's metadata is that of an in-place
+// create cut short: none of Spindle's keys (its record is written in one
+// call).
+func cutShort(meta map[string]string) bool {
+	for k := range meta {
+		if strings.HasPrefix(k, "spindle.") {
+			return false
+		}
+	}
+	return true
 }
 
 // imageOptions make a new image (or clone) with the volume's features,
@@ -360,9 +509,9 @@ func depthValue(depth int) string {
 }
 
 // buildAndRename runs build on a fresh temporary name in r's location,
-// writes meta (and, for a copy, removes the keys it inherited) and renames
-// the result to r. On failure the temporary image is removed.
-func (s *Store) buildAndRename(ctx context.Context, r ref, inherited bool, build func(tmp ref) error, meta map[string]string) (err error) {
+// writes meta, removes the keys the copy inherited that meta does not set,
+// and renames the result to r. On failure the temporary image is removed.
+func (s *Store) buildAndRename(ctx context.Context, r ref, build func(tmp ref) error, meta map[string]string) (err error) {
 	tmp := r.location.ref(tmpName(r.image))
 	defer func() {
 		if err != nil {
@@ -373,14 +522,10 @@ func (s *Store) buildAndRename(ctx context.Context, r ref, inherited bool, build
 		return err
 	}
 	all := maps.Clone(meta)
-	if inherited {
-		for _, k := range volumeMetaKeys {
-			if _, ok := all[k]; !ok {
-				all[k] = ""
-			}
+	for _, k := range volumeMetaKeys {
+		if _, ok := all[k]; !ok {
+			all[k] = ""
 		}
-	} else {
-		maps.DeleteFunc(all, func(_, v string) bool { return v == "" })
 	}
 	if err := s.setMeta(ctx, tmp, all); err != nil {
 		return err
@@ -411,49 +556,39 @@ func tmpName(image string) string {
 func (s *Store) removeTemporary(ctx context.Context, tmp ref) { _ = s.removeNow(ctx, tmp) }
 
 // watchers lists the client addresses that have the image open, but the
-// Ceph manager's own: its rbd_support module opens an image for a moment
-// to run a background task (tasks.go), e.g. to detach a removed clone
-// from its parent; that is no node writing, must not refuse a delete or a
-// stage, and must never be fenced.
+// Ceph manager's own (withoutManager).
 func (s *Store) watchers(ctx context.Context, r ref) ([]string, error) {
 	cl, err := s.client(ctx, r.location)
 	if err != nil {
 		return nil, err
 	}
 	all, err := cl.Watchers(ctx, r.cephImage())
-	if err != nil || len(all) == 0 {
+	if err != nil {
 		return nil, err
+	}
+	return s.withoutManager(ctx, cl, all)
+}
+
+// withoutManager drops the Ceph manager's own clients from watchers: its
+// rbd_support module opens an image for a moment to run a background task
+// (tasks.go), e.g. to detach a removed clone from its parent; that is no
+// node writing, must not refuse a delete or a stage, and must never be
+// fenced.
+func (s *Store) withoutManager(ctx context.Context, cl ceph.Client, watchers []string) ([]string, error) {
+	if len(watchers) == 0 {
+		return nil, nil
 	}
 	mgr, err := cl.ManagerClients(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, w := range all {
+	for _, w := range watchers {
 		if !slices.Contains(mgr, w) {
 			out = append(out, w)
 		}
 	}
 	return out, nil
-}
-
-// removeLocks breaks the advisory locks left on an image: removing a
-// locked image waits for them forever.
-func (s *Store) removeLocks(ctx context.Context, r ref) error {
-	cl, err := s.client(ctx, r.location)
-	if err != nil {
-		return err
-	}
-	locks, err := cl.Locks(ctx, r.cephImage())
-	if err != nil {
-		return err
-	}
-	for _, l := range locks {
-		if err := cl.BreakLock(ctx, r.cephImage(), l); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
-			return err
-		}
-	}
-	return nil
 }
 
 // Delete implements backend.ImageStore.
@@ -463,9 +598,16 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return nil // no such volume can exist
 	}
 	defer s.locks.lock(id)()
-	img, info, err := s.getImage(ctx, id)
+	in, err := s.inspect(ctx, r)
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return nil
+	}
+	if err != nil {
+		return err
+	}
+	img, err := s.decode(id, r.image, in.Info.Size, in.Metadata)
+	if errdefs.KindOf(err) == errdefs.ErrNotFound {
+		return nil // no volume of Spindle's
 	}
 	if err != nil {
 		return err
@@ -477,7 +619,16 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		}
 		return errdefs.Precondition("volume %s is still published to node %s; unpublish it first", id, strings.Join(nodes, ", "))
 	}
-	return s.remove(ctx, r, info)
+	return s.remove(ctx, r, in)
+}
+
+// inspect reads all there is to know of an image before removing it.
+func (s *Store) inspect(ctx context.Context, r ref) (*ceph.Inspection, error) {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return nil, err
+	}
+	return cl.InspectImage(ctx, r.cephImage())
 }
 
 // listImages lists the names of a location's images.
@@ -508,7 +659,7 @@ func (s *Store) List(ctx context.Context) ([]*backend.Image, error) {
 			if strings.HasPrefix(name, snapPrefix) || strings.HasPrefix(name, tmpPrefix) || !imageNameRe.MatchString(name) {
 				continue
 			}
-			img, _, err := s.getImage(ctx, s.idOf(l.ref(name)))
+			img, err := s.getImage(ctx, s.idOf(l.ref(name)))
 			if errdefs.KindOf(err) == errdefs.ErrNotFound {
 				continue // deleted meanwhile, or not a volume
 			}
@@ -529,7 +680,7 @@ func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend
 		return nil, err
 	}
 	defer s.locks.lock(id)()
-	img, _, err := s.getImage(ctx, id)
+	img, err := s.getImage(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -550,7 +701,7 @@ func (s *Store) Expand(ctx context.Context, id string, newBytes int64) (*backend
 	if err := cl.ResizeImage(ctx, r.cephImage(), uint64(newBytes)); err != nil {
 		return nil, err
 	}
-	img, _, err = s.getImage(ctx, id)
+	img, err = s.getImage(ctx, id)
 	return img, err
 }
 
@@ -564,7 +715,7 @@ func (s *Store) Modify(ctx context.Context, id string, mutable map[string]string
 		return nil, err
 	}
 	defer s.locks.lock(id)()
-	img, _, err := s.getImage(ctx, id)
+	img, err := s.getImage(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -724,7 +875,11 @@ func (s *Store) SetEncryption(ctx context.Context, id string, e *backend.Encrypt
 		return err
 	}
 	defer s.locks.lock(id)()
-	_, meta, err := s.read(ctx, r)
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	meta, err := cl.ImageMetadata(ctx, r.cephImage())
 	if errdefs.KindOf(err) == errdefs.ErrNotFound {
 		return errdefs.NotFound("volume %s does not exist", id)
 	}

@@ -117,7 +117,7 @@ func TestMaxProvisionedBytes(t *testing.T) {
 // another access type or less room than its source is refused.
 func TestCopiesAreCopyOnWrite(t *testing.T) {
 	forEachCluster(t, func(t *testing.T, c *testCluster) {
-		inst, _, ctx, _ := controller(t, c, rbd.Config{})
+		inst, store, ctx, _ := controller(t, c, rbd.Config{})
 		vol := mustCreate(t, ctx, inst, blockVolume("pvc-src", 32*MiB, nil))
 		sum := writeData(t, ctx, c, vol.ID, 32*MiB, 1)
 		snap := mustSnapshot(t, ctx, inst, "snap-1", vol.ID)
@@ -165,6 +165,7 @@ func TestCopiesAreCopyOnWrite(t *testing.T) {
 		if err := inst.Snapshots.DeleteSnapshot(ctx, snap.ID); err != nil {
 			t.Fatal(err)
 		}
+		rbd.WaitAnswered(store)
 		if got := userSnaps(t, ctx, c, vol.ID); len(got) != 1 || got[0] == "csi-copy-"+imageOf(t, c, snap.ID)[len("csi-snap-"):] {
 			t.Fatalf("after DeleteSnapshot the source keeps snapshots %v; want snap-2's alone", got)
 		}
@@ -628,17 +629,23 @@ func TestErrorOfNoKindIsNotExistence(t *testing.T) {
 		src := mustCreate(t, ctx, inst, blockVolume("pvc-src", 8*MiB, nil))
 		before := everything(t, ctx, c)
 		f.set(func(call cephtest.Call) error {
-			if call.Op == "DescribeImage" {
-				return &ceph.DeadlineError{Op: "describe image " + call.Image.String(), Limit: 30 * time.Second}
+			switch call.Op {
+			case "DescribeImage", "ImageHeader", "ImageMetadata", "InspectImage":
+				return &ceph.DeadlineError{Op: call.Op + " " + call.Image.String(), Limit: 30 * time.Second}
 			}
 			return nil
 		})
-		_, err := inst.Store.Create(ctx, blockVolume("pvc-1", 8*MiB, nil))
 		var de *ceph.DeadlineError
-		if !errors.As(err, &de) || errdefs.KindOf(err) != nil {
-			t.Fatalf("Create while the cluster does not answer = %v; want the deadline, of no kind", err)
+		for _, spec := range []backend.VolumeSpec{
+			blockVolume("pvc-src", 8*MiB, nil), // exists: Ceph refuses to make it again, and reading it fails
+			blockVolume("pvc-1", 8*MiB, &backend.ContentSource{ImageID: src.ID}),
+		} {
+			_, err := inst.Store.Create(ctx, spec)
+			if !errors.As(err, &de) || errdefs.KindOf(err) != nil {
+				t.Fatalf("Create %s while the cluster does not answer = %v; want the deadline, of no kind", spec.Name, err)
+			}
 		}
-		_, err = inst.Snapshots.CreateSnapshot(ctx, backend.SnapshotSpec{Name: "snap-1", SourceImageID: src.ID})
+		_, err := inst.Snapshots.CreateSnapshot(ctx, backend.SnapshotSpec{Name: "snap-1", SourceImageID: src.ID})
 		if !errors.As(err, &de) {
 			t.Fatalf("CreateSnapshot while the cluster does not answer = %v; want the deadline", err)
 		}
@@ -883,5 +890,95 @@ func TestNodeRegistryAndLocations(t *testing.T) {
 		if err := inst2.Store.Delete(ctx, img.ID); err != nil {
 			t.Fatal(err)
 		}
+	})
+}
+
+// TestCreatesCutShort: a volume of no source is made in place; one whose
+// create was cut short between the image and its record (the controller
+// died, or the cluster stopped answering and the image could not be
+// removed) is made again by the repeated CreateVolume, and removed by
+// Sweep once its note is older than LeftoverAge when nobody repeats it.
+// An image of the volume's name carrying another object's metadata is
+// never touched.
+func TestCreatesCutShort(t *testing.T) {
+	forEachCluster(t, func(t *testing.T, c *testCluster) {
+		inst, store, ctx, f := controller(t, c, rbd.Config{})
+		stuck := func(call cephtest.Call) error {
+			if call.Op == "SetImageMetadata" || call.Op == "RemoveImage" {
+				return &ceph.DeadlineError{Op: call.Op, Limit: 30 * time.Second}
+			}
+			return nil
+		}
+		// cutShort makes a create of name cut short; prefix is its
+		// volumeNamePrefix ("" for none).
+		cutShort := func(name, prefix string) string {
+			t.Helper()
+			f.set(stuck)
+			defer f.set(nil)
+			spec := blockVolume(name, 8*MiB, nil)
+			image := imageOf(t, c, store.ImageID(name))
+			if prefix != "" {
+				spec.Parameters = map[string]string{rbd.ParamVolumeNamePrefix: prefix}
+				image = prefix + strings.TrimPrefix(image, "csi-vol-")
+			}
+			if img, err := inst.Store.Create(ctx, spec); err == nil {
+				t.Fatalf("Create %s with the metadata call failing = %+v", name, img)
+			}
+			if got := everything(t, ctx, c); !slices.Contains(got, image) {
+				t.Fatalf("after a create cut short the pool holds %v; want %s", got, image)
+			}
+			// An image of a volumeNamePrefix is noted: its name does not
+			// say it is Spindle's.
+			notes, err := c.direct.OmapKeys(ctx, ceph.PoolSpec{Pool: c.pool}, "spindle.creates")
+			if err != nil || slices.Contains(notes, image) != (prefix != "") {
+				t.Fatalf("the notes of creates after one cut short: %v, %v; want %s noted only if it has a volumeNamePrefix", notes, err, image)
+			}
+			return image
+		}
+
+		image := cutShort("pvc-repeated", "")
+		img, err := inst.Store.Create(ctx, blockVolume("pvc-repeated", 8*MiB, nil))
+		if err != nil || img.Name != "pvc-repeated" || img.CapacityBytes != 8*MiB {
+			t.Fatalf("repeated Create = %+v, %v", img, err)
+		}
+		if got, err := inst.Store.Get(ctx, img.ID); err != nil || got.Name != "pvc-repeated" {
+			t.Fatalf("Get after the repeated Create = %+v, %v", got, err)
+		}
+		if got := everything(t, ctx, c); !sameSet(got, []string{image}) {
+			t.Fatalf("after the repeated Create the pool holds %v; want the volume alone", got)
+		}
+
+		// Another object's image under the name: refused, and kept.
+		other := c.spec(imageOf(t, c, store.ImageID("pvc-taken")))
+		if err := c.direct.CreateImage(ctx, other, 4*uint64(MiB), ceph.ImageOptions{Features: []string{"layering"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.direct.SetImageMetadata(ctx, other, map[string]string{"spindle.name": "pvc-someone-else"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := inst.Store.Create(ctx, blockVolume("pvc-taken", 8*MiB, nil)); errdefs.KindOf(err) != errdefs.ErrAlreadyExists {
+			t.Fatalf("Create over another object's image = %v; want ALREADY_EXISTS", err)
+		}
+		if meta, err := c.direct.ImageMetadata(ctx, other); err != nil || meta["spindle.name"] != "pvc-someone-else" {
+			t.Fatalf("the other object's image after the refused Create: %v, %v", meta, err)
+		}
+
+		// Nobody repeats it: Sweep removes it, but not before LeftoverAge.
+		abandoned, prefixed := cutShort("pvc-abandoned", ""), cutShort("pvc-abandoned-too", "db-")
+		if removed, err := store.Sweep(ctx); err != nil || len(removed) != 0 {
+			t.Fatalf("sweep at once removed %v, %v; want nothing (the creates may still run)", removed, err)
+		}
+		rbd.SetClock(inst, func() time.Time { return time.Now().Add(rbd.LeftoverAge + time.Minute) })
+		removed, err := store.Sweep(ctx)
+		if want := []string{c.spec(abandoned).String(), c.spec(prefixed).String()}; err != nil || !sameSet(removed, want) {
+			t.Fatalf("sweep removed %v, %v; want %v", removed, err, want)
+		}
+		if got, want := everything(t, ctx, c), []string{image, other.Name}; !sameSet(got, want) {
+			t.Fatalf("after the sweep the pool holds %v; want %v", got, want)
+		}
+		if notes, err := c.direct.OmapKeys(ctx, ceph.PoolSpec{Pool: c.pool}, "spindle.creates"); err != nil || len(notes) != 0 {
+			t.Fatalf("the notes of creates after the sweep: %v, %v; want none", notes, err)
+		}
+		_ = c.direct.RemoveImage(ctx, other)
 	})
 }

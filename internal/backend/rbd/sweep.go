@@ -13,26 +13,28 @@ import (
 	"github.com/spindle-csi/spindle/internal/backend"
 )
 
-// LeftoverAge is how old a temporary image (csi-tmp-*) or a copy snapshot
-// (csi-copy-*) must be before Sweep removes it as the leftover of a
-// controller that crashed in the middle of a CreateVolume or
-// CreateSnapshot. A Create that is still running, in this controller or in
-// another one (a leader that lost its lease mid-call), holds its
-// temporaries for seconds to a few minutes (an "rbd cp" of a large volume);
-// ten minutes leaves a wide margin, and a leftover costs only space until
-// the next controller start.
+// LeftoverAge is how old a temporary image (csi-tmp-*), a copy snapshot
+// (csi-copy-*) or the note of a create (spindle.creates) must be before
+// Sweep takes what it names for the leftover of a controller that crashed
+// in the middle of a CreateVolume or CreateSnapshot. A Create that is
+// still running, in this controller or in another one (a leader that lost
+// its lease mid-call), holds its temporaries for seconds; ten minutes
+// leaves a wide margin, and a leftover costs only space until the next
+// upkeep.
 const LeftoverAge = 10 * time.Minute
 
 // Sweep removes what interrupted Creates left in the pool: temporary
-// images (csi-tmp-*, an image being built when its controller died) and
-// copy snapshots no CSI snapshot hangs from (csi-copy-*, the instant a CSI
-// snapshot was being copied from), each only when it is older than
-// LeftoverAge by the cluster's creation time, so that a Create still
-// running elsewhere is not cut. It
-// returns what it removed ("pool/image", "pool/image@snap") for the log;
-// what it could not remove is in the error and stays for the next start.
-// The controller runs it when it opens the instance, with the instance's
-// own identity (userID + keyFile, or the configFile's keyring).
+// images (csi-tmp-*, an image being built when its controller died),
+// volumes made in place that never got their record (csi-vol-*, or noted
+// in spindle.creates: store.go) and copy snapshots no CSI snapshot hangs
+// from (csi-copy-*, the instant a CSI snapshot was being copied from),
+// each only when it is older than LeftoverAge (by the cluster's creation
+// time, or the note's), so that a Create still running elsewhere is not
+// cut. It returns what it removed ("pool/image", "pool/image@snap") for
+// the log; what it could not remove is in the error and stays for the
+// next upkeep. The controller runs it when it opens the instance and
+// every upkeep (Maintain), with the instance's own identity (userID +
+// keyFile, or the configFile's keyring).
 func (s *Store) Sweep(ctx context.Context) ([]string, error) {
 	if err := s.ownIdentity(); err != nil {
 		return nil, err
@@ -67,22 +69,112 @@ func (s *Store) sweep(ctx context.Context, l location) ([]string, error) {
 		return nil, err
 	}
 	now := s.clock()
-	var removed []string
-	var errs []error
+	removed, err := s.sweepCreates(ctx, l, now)
+	errs := []error{err}
 	for _, name := range names {
+		r := l.ref(name)
 		if strings.HasPrefix(name, tmpPrefix) {
-			ok, err := s.sweepTemporary(ctx, l.ref(name), now)
+			ok, err := s.sweepTemporary(ctx, r, now)
 			if ok {
-				removed = append(removed, l.ref(name).spec())
+				removed = append(removed, r.spec())
 			}
 			errs = append(errs, err)
 			continue
 		}
-		snaps, err := s.sweepCopySnapshots(ctx, l.ref(name), now)
+		cl, err := s.client(ctx, l)
+		if err != nil {
+			return removed, err
+		}
+		head, err := cl.ImageHeader(ctx, r.cephImage())
+		switch {
+		case errdefs.KindOf(err) == errdefs.ErrNotFound:
+			continue // removed meanwhile
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		case strings.HasPrefix(name, volumePrefix) && cutShort(head.Metadata) && now.Sub(head.Created) >= LeftoverAge:
+			gone, err := s.sweepCutShort(ctx, r)
+			if gone {
+				removed = append(removed, r.spec())
+			}
+			errs = append(errs, err)
+			continue
+		case head.Snapshots == 0:
+			continue
+		}
+		snaps, err := s.sweepCopySnapshots(ctx, r, now)
 		removed = append(removed, snaps...)
 		errs = append(errs, err)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// sweepCreates drops the notes of createInPlace (createsObject) older than
+// LeftoverAge, and removes the image of each that a create left without
+// its record.
+func (s *Store) sweepCreates(ctx context.Context, l location, now time.Time) ([]string, error) {
+	cl, err := s.client(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	names, err := cl.OmapKeys(ctx, l.cephPool(), createsObject)
+	if err != nil || len(names) == 0 {
+		return nil, err
+	}
+	var removed, done []string
+	var errs []error
+	for _, name := range names {
+		v, err := cl.OmapValue(ctx, l.cephPool(), createsObject, name)
+		if errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if began, err := time.Parse(time.RFC3339, string(v)); err == nil && now.Sub(began) < LeftoverAge {
+			continue // maybe still running
+		}
+		gone, err := s.sweepCutShort(ctx, l.ref(name))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if gone {
+			removed = append(removed, l.ref(name).spec())
+		}
+		done = append(done, name)
+	}
+	if len(done) > 0 {
+		if err := cl.RemoveOmapKeys(ctx, l.cephPool(), createsObject, done); err != nil {
+			errs = append(errs, fmt.Errorf("drop the notes of creates %s in %s/%s: %w", strings.Join(done, ", "), l, createsObject, err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// sweepCutShort removes the image a noted create left without its record,
+// if it did; an image with a record, or with another object's metadata,
+// stays.
+func (s *Store) sweepCutShort(ctx context.Context, r ref) (bool, error) {
+	defer s.locks.lock(s.idOf(r))()
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return false, err
+	}
+	head, err := cl.ImageHeader(ctx, r.cephImage())
+	switch {
+	case errdefs.KindOf(err) == errdefs.ErrNotFound:
+		return false, nil
+	case err != nil:
+		return false, err
+	case !cutShort(head.Metadata):
+		return false, nil
+	}
+	if err := s.removeNow(ctx, r); err != nil {
+		return false, fmt.Errorf("remove %s, a create cut short: %w", r.spec(), err)
+	}
+	return true, nil
 }
 
 // clock is the store's time (tests move it forward).

@@ -38,6 +38,24 @@ type background struct {
 	noMgr bool
 	// local are the tasks this process runs, by action and image.
 	local map[string]*backend.Task
+	// running counts the goroutines of afterAnswer.
+	running sync.WaitGroup
+}
+
+// afterAnswer runs work in a goroutine of its own, so that the RPC
+// answers before it: cluster calls whose wait no answer depends on, such
+// as removing an RBD snapshot (a commit of the OSD map, up to a second).
+// It keeps the context's values (the request's cephx credentials), not
+// its deadline or cancellation; each call is still bounded by the call
+// limit. What it fails to do is found undone by Sweep, which has the
+// last word on leftovers.
+func (s *Store) afterAnswer(ctx context.Context, work func(context.Context)) {
+	s.bg.running.Add(1)
+	bg := context.WithoutCancel(ctx)
+	go func() {
+		defer s.bg.running.Done()
+		work(bg)
+	}()
 }
 
 func (b *background) mgrMissing() bool {

@@ -22,39 +22,51 @@ import (
 // volumes and snapshots can be deleted in any order, and nothing is left
 // once all are.
 
-// remove deletes an unpublished volume or snapshot image: no watchers,
-// locks broken, its own snapshots removed, then to the trash, and its data
-// removed in the background once nothing hangs from it.
-func (s *Store) remove(ctx context.Context, r ref, info *ceph.ImageInfo) error {
-	w, err := s.watchers(ctx, r)
+// remove deletes an unpublished volume or snapshot image, inspected
+// already: no watchers, locks broken, its own snapshots removed, then to
+// the trash, and its data removed in the background once nothing hangs
+// from it. When nothing holds the image, that is three calls to the
+// cluster after the inspection.
+func (s *Store) remove(ctx context.Context, r ref, in *ceph.Inspection) error {
+	cl, err := s.client(ctx, r.location)
+	if err != nil {
+		return err
+	}
+	w, err := s.withoutManager(ctx, cl, in.Watchers)
 	if err != nil {
 		return err
 	}
 	if len(w) > 0 {
 		return errdefs.Precondition("image %s still has watchers %s: a node still has it mapped (or a client died less than 30 s ago)", r.spec(), strings.Join(w, ", "))
 	}
-	if err := s.removeLocks(ctx, r); err != nil {
-		return err
+	// Removing a locked image waits for the lock forever.
+	for _, l := range in.Locks {
+		if err := cl.BreakLock(ctx, r.cephImage(), l); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
+			return err
+		}
 	}
-	if err := s.dropOwnedSnapshots(ctx, r); err != nil {
+	if err := s.dropOwnedSnapshots(ctx, r, in.Snapshots); err != nil {
 		return err
 	}
 	if !isSpindleImage(r.image) {
 		// A name of a volumeNamePrefix or snapshotNamePrefix, or an
 		// adopted image's: purgeTrash knows it is Spindle's only by this.
-		if err := s.registerTrashed(ctx, r.location, info.ID, r.image); err != nil {
+		if err := s.registerTrashed(ctx, r.location, in.Info.ID, r.image); err != nil {
 			return err
 		}
-	}
-	cl, err := s.client(ctx, r.location)
-	if err != nil {
-		return err
 	}
 	if err := cl.TrashMove(ctx, r.cephImage()); err != nil && errdefs.KindOf(err) != errdefs.ErrNotFound {
 		return err
 	}
-	if err := s.removeIfFree(ctx, r.location, info.ID, r.image); err != nil {
-		return err
+	// The removal of its data is queued after the answer: the image is
+	// out of its name already, and what this process fails to queue the
+	// next upkeep does (purgeTrash).
+	l, id := r.location, in.Info.ID
+	if len(in.Snapshots) == 0 {
+		// Nothing hangs from it: no need to look again.
+		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.removeInBackground(ctx, l, id, r.image) })
+	} else {
+		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.removeIfFree(ctx, l, id, r.image) })
 	}
 	// A clone made by an earlier version hung from a protected csi-clone-
 	// snapshot of its own on the source; it goes with the clone's data
@@ -100,7 +112,12 @@ func (s *Store) userSnapshots(ctx context.Context, r ref) ([]ceph.SnapInfo, erro
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(all, func(sn ceph.SnapInfo) bool { return sn.Namespace != ceph.SnapUser }), nil
+	return userOnly(all), nil
+}
+
+// userOnly are the snapshots of the user namespace among all.
+func userOnly(all []ceph.SnapInfo) []ceph.SnapInfo {
+	return slices.DeleteFunc(slices.Clone(all), func(sn ceph.SnapInfo) bool { return sn.Namespace != ceph.SnapUser })
 }
 
 // dropOwnedSnapshots removes the image's snapshots, all of which must be
@@ -110,11 +127,8 @@ func (s *Store) userSnapshots(ctx context.Context, r ref) ([]ceph.SnapInfo, erro
 // snapshot made by an earlier version cannot go while clones hang from it:
 // they are flattened in the background and the delete is refused with
 // ErrBusy until they are.
-func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref) error {
-	snaps, err := s.userSnapshots(ctx, r)
-	if err != nil {
-		return err
-	}
+func (s *Store) dropOwnedSnapshots(ctx context.Context, r ref, all []ceph.SnapInfo) error {
+	snaps := userOnly(all)
 	for _, sn := range snaps {
 		if !strings.HasPrefix(sn.Name, cloneSnapPrefix) && !strings.HasPrefix(sn.Name, copySnapPrefix) && sn.Name != snapshotSnap {
 			return errdefs.Precondition("image %s has snapshot %s that Spindle did not take; remove it first", r.spec(), sn.Name)
@@ -281,7 +295,9 @@ func (s *Store) purgeTrash(ctx context.Context, l location) ([]string, error) {
 		if len(snaps) > 0 {
 			continue
 		}
-		if err := s.removeInBackground(ctx, l, e.ID, e.Name); err != nil {
+		if err := s.removeInBackground(ctx, l, e.ID, e.Name); errdefs.KindOf(err) == errdefs.ErrNotFound {
+			continue // removed meanwhile (a delete's own removal)
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("remove trashed image %s (%s): %w", l.ref(e.Name).spec(), e.ID, err))
 			continue
 		}
