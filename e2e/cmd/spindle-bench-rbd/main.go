@@ -51,6 +51,7 @@ type options struct {
 	n        int
 	warmup   int
 	parallel int
+	batches  int
 	sizeMiB  int64
 	dataMiB  int64
 	rounds   int
@@ -63,6 +64,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 20, "measured operations of each kind per round and driver")
 	flag.IntVar(&o.warmup, "warmup", 2, "operations of each kind before the measured ones")
 	flag.IntVar(&o.parallel, "parallel", 20, "CreateVolume calls at once (and as many deletes)")
+	flag.IntVar(&o.batches, "batches", 5, "batches of parallel calls per round and driver")
 	flag.Int64Var(&o.sizeMiB, "size-mib", 1024, "size of each volume")
 	flag.Int64Var(&o.dataMiB, "data-mib", 1024, "data written into the volume that is snapshotted")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds, each driver going first in turn")
@@ -101,8 +103,8 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	fmt.Printf("RBD controllers side by side on Ceph %s (client %s), pool %s: %d rounds, medians of %d after %d warm-ups\n\n",
-		cl.Release, cl.ClientRelease, cl.Pool, o.rounds, o.n, o.warmup)
+	fmt.Printf("RBD controllers side by side on Ceph %s (client %s), pool %s: %d rounds, medians of %d after %d warm-ups (of %d batches for the calls at once)\n\n",
+		cl.Release, cl.ClientRelease, cl.Pool, o.rounds, o.n*o.rounds, o.warmup, o.batches*o.rounds)
 
 	params := map[string]string{"clusterID": "bench", "pool": cl.Pool, "imageFeatures": "layering"}
 	secrets := map[string]string{"userID": cl.User, "userKey": cl.Key}
@@ -403,13 +405,18 @@ func (d *driver) round(ctx context.Context, o options, round int) error {
 		d.times[op] = append(d.times[op], time.Since(t0))
 		return errors.Join(errs...)
 	}
-	if err := batch(fmt.Sprintf("%d CreateVolume at once", o.parallel), func(i int) (err error) {
-		ids[i], err = d.create(ctx, fmt.Sprintf("bench-par-%d-%d", round, i), size, nil)
-		return err
-	}); err != nil {
-		return err
+	for b := range o.batches {
+		if err := batch(fmt.Sprintf("%d CreateVolume at once", o.parallel), func(i int) (err error) {
+			ids[i], err = d.create(ctx, fmt.Sprintf("bench-par-%d-%d-%d", round, b, i), size, nil)
+			return err
+		}); err != nil {
+			return err
+		}
+		if err := batch(fmt.Sprintf("%d DeleteVolume at once", o.parallel), func(i int) error { return d.delete(ctx, ids[i]) }); err != nil {
+			return err
+		}
 	}
-	return batch(fmt.Sprintf("%d DeleteVolume at once", o.parallel), func(i int) error { return d.delete(ctx, ids[i]) })
+	return nil
 }
 
 func (d *driver) cleanup(ctx context.Context) error {
