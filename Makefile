@@ -104,16 +104,24 @@ images:
 demo: deps build
 	$(GO) run ./e2e/cmd/spindle-demo --driver $(BIN)/spindle
 
-# The control path (spindle-bench), RBD snapshots of a volume full of data
-# and of a 10-deep chain (internal/backend/rbd BenchmarkSnapshotRBD), then
-# the data path: fio on a published volume against the storage under it,
-# one line per mode and workload (e2e/datapath; DATAPATH picks the
-# backends, SPINDLE_BENCH_FIO_* the jobs).
+# The control path (spindle-bench), the RBD operations side by side with
+# ceph-csi on one Ceph 20 cluster (spindle-bench-rbd: "rbd <op>: spindle X
+# ms, ceph-csi Y ms"; CEPH_CSI names a cephcsi binary, built from its
+# source as docs/benchmarks.md says; without it Spindle's figures only),
+# RBD snapshots of a volume full of data and of a 10-deep chain
+# (internal/backend/rbd BenchmarkSnapshotRBD), then the data path: fio on
+# a published volume against the storage under it, one line per mode and
+# workload (e2e/datapath; DATAPATH picks the backends, SPINDLE_BENCH_FIO_*
+# the jobs). The Ceph clusters keep Ceph's default monitor commit interval
+# (MON_PROPOSE_INTERVAL=1), as users' clusters do.
 DATAPATH ?= loop iscsi rbd
+CEPH_CSI ?=
 bench: deps build
 	$(GO) run ./e2e/cmd/spindle-bench --driver $(BIN)/spindle $(BENCH_ARGS)
-	$(GO) test -count=1 -run '^$$' -bench SnapshotRBD -benchtime 1x -timeout 60m ./internal/backend/rbd/
-	$(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m $(addprefix ./e2e/datapath/,$(DATAPATH))
+	tags=$$(hack/go-tags.sh) && $(GO) build -tags "$$tags" -o $(BIN)/spindle-bench-rbd ./e2e/cmd/spindle-bench-rbd
+	MON_PROPOSE_INTERVAL=1 $(CEPH_EXEC) $(BIN)/spindle-bench-rbd -driver $(BIN)/spindle $(if $(CEPH_CSI),-ceph-csi $(CEPH_CSI))
+	MON_PROPOSE_INTERVAL=1 $(GO) test -count=1 -run '^$$' -bench SnapshotRBD -benchtime 1x -timeout 60m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) ./internal/backend/rbd/
+	MON_PROPOSE_INTERVAL=1 $(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) $(addprefix ./e2e/datapath/,$(DATAPATH))
 
 # Builds (cached), brings the cluster up with the chart (DEPLOY=helm), runs
 # e2e/cmd/spindle-bench-k8s (BENCH_K8S_ARGS="-pods 50 -size 128Mi" tunes it),

@@ -17,6 +17,11 @@
 # monitor advertises, CEPH_NET (default 127.0.0.0/8, or CEPH_IP/32 for
 # another address) the public network: hack/vm/services.sh runs the cluster
 # in the qemu guests' network namespace on 192.168.77.1.
+# MON_PROPOSE_INTERVAL (seconds; default Ceph's own, 1) is how long the
+# monitor gathers changes before it commits them: every snapshot create or
+# remove waits for one commit (a new snapshot ID), so the tests shorten it
+# (cephtest.Start: 0.05) and the benchmarks keep Ceph's default, which is
+# what users' clusters run.
 # Stop it with hack/ceph-down.sh DIR.
 set -euo pipefail
 if [ ! -r /etc/spindle-ceph-root ]; then
@@ -32,6 +37,7 @@ MON_PORT=${MON_PORT:-3300}
 MON_V1_PORT=${MON_V1_PORT:-6789}
 OSD_BYTES=${OSD_BYTES:-2147483648}
 CEPH_IP=${CEPH_IP:-127.0.0.1}
+MON_PROPOSE_INTERVAL=${MON_PROPOSE_INTERVAL:-1}
 if [ "$CEPH_IP" = 127.0.0.1 ]; then CEPH_NET=${CEPH_NET:-127.0.0.0/8}; else CEPH_NET=${CEPH_NET:-$CEPH_IP/32}; fi
 export PATH="$PATH:/usr/sbin:/sbin"
 T0=$(date +%s%N)
@@ -72,6 +78,7 @@ mon warn on insecure global id reclaim allowed = false
 mgr initial modules = iostat
 [mon]
 mon data = $D/mon.\$id
+paxos propose interval = $MON_PROPOSE_INTERVAL
 admin socket = $D/run/\$cluster-\$name.asok
 [mgr]
 mgr data = $D/mgr.\$id

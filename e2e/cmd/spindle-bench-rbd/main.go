@@ -93,6 +93,11 @@ func run(o options) error {
 	if cephtest.InCephRoot() == "" {
 		return errors.New("not inside a Ceph root: run it as `hack/ceph/run bin/spindle-bench-rbd` (make bench does)")
 	}
+	// Ceph's default monitor commit interval, as users' clusters run
+	// (cephtest shortens it for tests).
+	if os.Getenv("MON_PROPOSE_INTERVAL") == "" {
+		os.Setenv("MON_PROPOSE_INTERVAL", "1")
+	}
 	cl, err := cephtest.Start(8 << 30)
 	if err != nil {
 		return err
