@@ -132,6 +132,17 @@ type faults struct {
 	mu   sync.Mutex
 	fail func(cephtest.Call) error
 	seen []cephtest.Call
+	// hold runs before each call outside mu, so that it may block one
+	// call while others go on.
+	hold func(cephtest.Call)
+}
+
+// holdCalls sets (nil: clears) a function run before each call, outside
+// the lock that serialises fail.
+func (f *faults) holdCalls(fn func(cephtest.Call)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hold = fn
 }
 
 func (f *faults) set(fn func(cephtest.Call) error) {
@@ -141,6 +152,12 @@ func (f *faults) set(fn func(cephtest.Call) error) {
 }
 
 func (f *faults) hook(_ context.Context, call cephtest.Call) error {
+	f.mu.Lock()
+	hold := f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		hold(call)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seen = append(f.seen, call)

@@ -218,7 +218,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	// deleted, or a snapshot of an earlier version) went already.
 	if p := in.Info.Parent; p != nil && !p.Trash && strings.HasPrefix(p.Snapshot, copySnapPrefix) {
 		src := location{cluster: r.cluster, pool: p.Pool, namespace: p.Namespace}.ref(p.Image)
-		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.dropCopySnapshot(ctx, r, src, p.Snapshot) })
+		s.afterAnswer(ctx, src.spec(), func(ctx context.Context) { _ = s.dropCopySnapshot(ctx, r, src, p.Snapshot) })
 	}
 	return nil
 }
@@ -247,9 +247,9 @@ func (s *Store) removeSnapshotImage(ctx context.Context, r ref, head *ceph.Image
 		return err
 	}
 	// Its removal is queued after the answer, as remove does.
-	s.afterAnswer(ctx, func(ctx context.Context) { _ = s.removeInBackground(ctx, r.location, head.ID, r.image) })
+	s.afterAnswer(ctx, "", func(ctx context.Context) { _ = s.removeInBackground(ctx, r.location, head.ID, r.image) })
 	if src, err := s.volumeRef(rec.SourceImageID); err == nil {
-		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.dropCopySnapshot(ctx, r, src, copySnapPrefix+hashOf(r.image)) })
+		s.afterAnswer(ctx, src.spec(), func(ctx context.Context) { _ = s.dropCopySnapshot(ctx, r, src, copySnapPrefix+hashOf(r.image)) })
 	}
 	return nil
 }

@@ -558,6 +558,9 @@ func (s *Store) removeTemporary(ctx context.Context, tmp ref) { _ = s.removeNow(
 // watchers lists the client addresses that have the image open, but the
 // Ceph manager's own (withoutManager).
 func (s *Store) watchers(ctx context.Context, r ref) ([]string, error) {
+	if err := s.bg.settled(ctx, r.spec()); err != nil {
+		return nil, err
+	}
 	cl, err := s.client(ctx, r.location)
 	if err != nil {
 		return nil, err
@@ -624,6 +627,11 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 
 // inspect reads all there is to know of an image before removing it.
 func (s *Store) inspect(ctx context.Context, r ref) (*ceph.Inspection, error) {
+	// The watchers it lists must be others': this driver's own work
+	// after an answer (e.g. dropping a snapshot of it) ends first.
+	if err := s.bg.settled(ctx, r.spec()); err != nil {
+		return nil, err
+	}
 	cl, err := s.client(ctx, r.location)
 	if err != nil {
 		return nil, err

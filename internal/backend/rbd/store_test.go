@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -980,5 +981,55 @@ func TestCreatesCutShort(t *testing.T) {
 			t.Fatalf("the notes of creates after the sweep: %v, %v; want none", notes, err)
 		}
 		_ = c.direct.RemoveImage(ctx, other)
+	})
+}
+
+// TestDeleteWaitsForItsOwnWork: DeleteSnapshot drops the source's
+// csi-copy snapshot after its answer, which opens the source (on Ceph, a
+// watcher). A Delete of the source that comes at that moment, as the
+// sidecars and csi-sanity send it, waits for that work instead of taking
+// the driver's own watcher for a node's mapping and refusing.
+func TestDeleteWaitsForItsOwnWork(t *testing.T) {
+	forEachCluster(t, func(t *testing.T, c *testCluster) {
+		inst, store, ctx, f := controller(t, c, rbd.Config{})
+		src := mustCreate(t, ctx, inst, blockVolume("pvc-source", 8*MiB, nil))
+		snap := mustSnapshot(t, ctx, inst, "snapshot-source", src.ID)
+		srcImage := imageOf(t, c, src.ID)
+
+		var mu sync.Mutex
+		var order []string
+		note := func(s string) {
+			mu.Lock()
+			defer mu.Unlock()
+			order = append(order, s)
+		}
+		release := make(chan struct{})
+		f.holdCalls(func(call cephtest.Call) {
+			switch {
+			case call.Op == "RemoveSnapshot" && call.Image.Name == srcImage && strings.HasPrefix(call.Snap, "csi-copy-"):
+				<-release
+				note("source's copy snapshot removed")
+			case call.Op == "InspectImage" && call.Image.Name == srcImage:
+				note("source inspected for deletion")
+			}
+		})
+		t.Cleanup(func() { f.holdCalls(nil) })
+		if err := inst.Snapshots.DeleteSnapshot(ctx, snap.ID); err != nil {
+			t.Fatal(err)
+		}
+		deleted := make(chan error, 1)
+		go func() { deleted <- inst.Store.Delete(ctx, src.ID) }()
+		// Give a Delete that did not wait the time to inspect the source.
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		if err := <-deleted; err != nil {
+			t.Fatalf("Delete of the source while the driver dropped its snapshot: %v", err)
+		}
+		settle(t, ctx, c, store)
+		mu.Lock()
+		defer mu.Unlock()
+		if want := []string{"source's copy snapshot removed", "source inspected for deletion"}; !slices.Equal(order, want) {
+			t.Fatalf("order of calls %q; want %q", order, want)
+		}
 	})
 }

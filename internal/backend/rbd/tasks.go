@@ -40,6 +40,57 @@ type background struct {
 	local map[string]*backend.Task
 	// running counts the goroutines of afterAnswer.
 	running sync.WaitGroup
+	// opening holds, by image (ref.spec()), the afterAnswer work that
+	// opens it. An open image has a watcher, which Delete would take for
+	// a node's mapping, so Delete waits for that work first.
+	opening map[string]*openers
+}
+
+// openers counts the afterAnswer work that has one image open; done is
+// closed when the last ends.
+type openers struct {
+	n    int
+	done chan struct{}
+}
+
+func (b *background) begin(image string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.opening == nil {
+		b.opening = map[string]*openers{}
+	}
+	o := b.opening[image]
+	if o == nil {
+		o = &openers{done: make(chan struct{})}
+		b.opening[image] = o
+	}
+	o.n++
+}
+
+func (b *background) end(image string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.opening[image]
+	if o.n--; o.n == 0 {
+		close(o.done)
+		delete(b.opening, image)
+	}
+}
+
+// settled waits until no afterAnswer work has the image open.
+func (b *background) settled(ctx context.Context, image string) error {
+	b.mu.Lock()
+	o := b.opening[image]
+	b.mu.Unlock()
+	if o == nil {
+		return nil
+	}
+	select {
+	case <-o.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for this driver's own work on image %s to end: %w", image, ctx.Err())
+	}
 }
 
 // afterAnswer runs work in a goroutine of its own, so that the RPC
@@ -49,11 +100,20 @@ type background struct {
 // its deadline or cancellation; each call is still bounded by the call
 // limit. What it fails to do is found undone by Sweep, which has the
 // last word on leftovers.
-func (s *Store) afterAnswer(ctx context.Context, work func(context.Context)) {
+//
+// opens names the image the work opens (ref.spec()), "" for none: a
+// Delete of that image waits for the work (background.settled).
+func (s *Store) afterAnswer(ctx context.Context, opens string, work func(context.Context)) {
 	s.bg.running.Add(1)
+	if opens != "" {
+		s.bg.begin(opens)
+	}
 	bg := context.WithoutCancel(ctx)
 	go func() {
 		defer s.bg.running.Done()
+		if opens != "" {
+			defer s.bg.end(opens)
+		}
 		work(bg)
 	}()
 }

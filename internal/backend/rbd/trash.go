@@ -64,9 +64,9 @@ func (s *Store) remove(ctx context.Context, r ref, in *ceph.Inspection) error {
 	l, id := r.location, in.Info.ID
 	if len(in.Snapshots) == 0 {
 		// Nothing hangs from it: no need to look again.
-		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.removeInBackground(ctx, l, id, r.image) })
+		s.afterAnswer(ctx, "", func(ctx context.Context) { _ = s.removeInBackground(ctx, l, id, r.image) })
 	} else {
-		s.afterAnswer(ctx, func(ctx context.Context) { _ = s.removeIfFree(ctx, l, id, r.image) })
+		s.afterAnswer(ctx, "", func(ctx context.Context) { _ = s.removeIfFree(ctx, l, id, r.image) })
 	}
 	// A clone made by an earlier version hung from a protected csi-clone-
 	// snapshot of its own on the source; it goes with the clone's data
