@@ -11,6 +11,7 @@ import (
 
 	"github.com/spindle-csi/spindle/internal/backend"
 	"github.com/spindle-csi/spindle/internal/blockdev"
+	"github.com/spindle-csi/spindle/internal/ceph"
 	"github.com/spindle-csi/spindle/internal/command"
 	"github.com/spindle-csi/spindle/internal/errdefs"
 	"github.com/spindle-csi/spindle/internal/kmod"
@@ -51,6 +52,9 @@ func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options st
 	if k.nbd {
 		out, err = k.nbdMap(ctx, r, readOnly, options)
 	} else {
+		if err := k.kernelTakesKey(ctx, r); err != nil {
+			return "", err
+		}
 		args := []string{"device", "map"}
 		if readOnly {
 			args = append(args, "--read-only")
@@ -72,6 +76,53 @@ func (k *kernelMapper) Map(ctx context.Context, r ref, readOnly bool, options st
 		return "", fmt.Errorf("%s map printed %q, not a device", k.name(), dev)
 	}
 	return dev, nil
+}
+
+// kernelCipherSince is the first Linux whose Ceph client takes keys of
+// cipher aes256k, Tentacle's default (libceph "add support for
+// CEPH_CRYPTO_AES256KRB5", 7.0). Older kernels fail the map with an error
+// that names nothing (ENOTSUPP, 524, from the key's decoding).
+var kernelCipherSince = [2]int{7, 0}
+
+// kernelTakesKey refuses, before krbd tries, a map whose cephx key is of a
+// cipher the node's kernel cannot use, naming the cipher, the kernel and
+// the ways out. A kernel release or key it cannot read is left to the map
+// to report.
+func (k *kernelMapper) kernelTakesKey(ctx context.Context, r ref) error {
+	who, err := k.c.identityFor(ctx, r.cluster)
+	if err != nil || who.fromConfig {
+		return nil
+	}
+	key, err := k.c.keyValue(who)
+	if err != nil {
+		return nil
+	}
+	if cipher, err := ceph.KeyCipher(key); err != nil || cipher != ceph.CipherAES256K {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(k.procRoot, "sys", "kernel", "osrelease"))
+	if err != nil {
+		return nil
+	}
+	release := strings.TrimSpace(string(b))
+	if major, minor, ok := kernelVersion(release); !ok || major > kernelCipherSince[0] || major == kernelCipherSince[0] && minor >= kernelCipherSince[1] {
+		return nil
+	}
+	return errdefs.Precondition("krbd cannot map image %s on this node: the key of cephx user %s is of cipher %s (the default of Ceph 20 Tentacle), which the kernel's Ceph client takes from Linux %d.%d on, and this node runs Linux %s; use the rbd-nbd or rbd-fuse mounter for this StorageClass, or give the user a key of cipher %s and allow that cipher on the cluster (docs/backends.md, \"krbd with Tentacle's default keys\")",
+		r.spec(), who.user, ceph.CipherAES256K, kernelCipherSince[0], kernelCipherSince[1], release, ceph.CipherAES)
+}
+
+// kernelVersion reads the major and minor numbers of a kernel release
+// ("6.1.0-28-amd64").
+func kernelVersion(release string) (major, minor int, ok bool) {
+	parts := strings.SplitN(release, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0, false
+	}
+	digits := func(s string) string { return s[:len(s)-len(strings.TrimLeft(s, "0123456789"))] }
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(digits(parts[1])) // "0-rc1" in "7.0-rc1"
+	return major, minor, err1 == nil && err2 == nil
 }
 
 // nbdMap runs rbd-nbd itself, as "rbd device map -t nbd" would (its -o

@@ -57,8 +57,15 @@ func with(args ...string) []string { return append(args, callArgs...) }
 // published to node-a.
 func kernelInstance(t *testing.T, mounter string, script *commandtest.Script) (*backend.Instance, string, *cephfake.Cluster) {
 	t.Helper()
+	return kernelInstanceWithKey(t, mounter, script, testKey)
+}
+
+// kernelInstanceWithKey is kernelInstance with user csi's key.
+func kernelInstanceWithKey(t *testing.T, mounter string, script *commandtest.Script, testKey string) (*backend.Instance, string, *cephfake.Cluster) {
+	t.Helper()
 	sys := t.TempDir()
 	f := fakeWithPublishedImage(t)
+	f.AddUser("csi", testKey)
 	cfg := Config{ClusterID: "c", Monitors: []string{"10.0.0.1:3300"}, Pool: "kube", UserID: "csi", KeyFile: "/etc/spindle/ceph.key", Mounter: mounter, StateDir: t.TempDir()}.withDefaults()
 	c := newCluster(cfg, command.New(script, nil), f.Dialer())
 	c.readKeyFile = func(string) ([]byte, error) { return []byte(testKey + "\n"), nil }
@@ -198,6 +205,49 @@ func TestAttachWithoutKernelModule(t *testing.T) {
 			named := `"` + tt.module + `" kernel module`
 			testutil.WantKind(t, err, errdefs.ErrPrecondition, named, tt.mounter)
 			testutil.WantKind(t, inst.Attacher.Probe(context.Background()), errdefs.ErrPrecondition, named, "Module "+tt.module+" not found")
+		})
+	}
+}
+
+// krbd logs in with the node kernel's Ceph client, which takes Tentacle's
+// default keys (aes256k) from Linux 7.0 on: on an older kernel the stage
+// is refused before the map, naming the cipher, the kernel and the ways
+// out; elsewhere the map runs (here it fails for want of the module).
+func TestKRBDRefusesAKeyItsKernelCannotUse(t *testing.T) {
+	// ceph-authtool --gen-print-key of Ceph 20.2.4.
+	const aes256k = "AgCK+wtrpXvfFiAAM/LlJ3y5JA9VWMTDByKxtnNmLr5/FqP7I955vh1qOHU="
+	tests := []struct {
+		name, release, key string
+		refused            bool
+	}{
+		{"Debian 12's kernel, Tentacle's default key", "6.1.0-28-amd64", aes256k, true},
+		{"Debian 13's kernel, Tentacle's default key", "6.12.48+deb13-amd64", aes256k, true},
+		{"Linux 7.0, Tentacle's default key", "7.0.0-rc1", aes256k, false},
+		{"Debian 12's kernel, a key of cipher aes", "6.1.0-28-amd64", testKey, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var steps []*commandtest.Step
+			if !tt.refused {
+				steps = append(steps, commandtest.Expect("rbd", with("device", "map", "kube/"+testImage)...).Exits(2, krbdNoModule))
+			}
+			inst, sys, _ := kernelInstanceWithKey(t, MounterKRBD, commandtest.New(t, steps...), tt.key)
+			osrelease := filepath.Join(sys, "proc", "sys", "kernel", "osrelease")
+			if err := os.MkdirAll(filepath.Dir(osrelease), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(osrelease, []byte(tt.release+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := inst.Attacher.Attach(context.Background(), attachReq())
+			if tt.refused {
+				testutil.WantKind(t, err, errdefs.ErrPrecondition, "cipher aes256k", "user csi", "Linux 7.0", "runs Linux "+tt.release, "rbd-nbd or rbd-fuse", "cipher aes and allow")
+				if strings.Contains(err.Error(), tt.key) {
+					t.Fatalf("the refusal shows the key: %v", err)
+				}
+				return
+			}
+			testutil.WantKind(t, err, errdefs.ErrPrecondition, `"rbd" kernel module`)
 		})
 	}
 }

@@ -47,7 +47,7 @@ func NewWithDialer(name string, cfg Config, run *command.Runner, d ceph.Dialer) 
 	c := newCluster(cfg, run, d)
 	removeStaleKeyDirs(c.keyRoot, time.Now())
 	return newInstance(name, c, map[string]mapper{
-		MounterKRBD: &kernelMapper{c: c, sysRoot: "/sys"},
+		MounterKRBD: &kernelMapper{c: c, sysRoot: "/sys", procRoot: "/proc"},
 		MounterNBD:  &kernelMapper{c: c, nbd: true, sysRoot: "/sys", procRoot: "/proc"},
 		MounterFuse: &fuseMapper{c: c, loops: blockdev.NewLosetup(run), dir: filepath.Join(cfg.FuseDir, name),
 			state: filepath.Join(cfg.StateDir, name, "qsd"), sysRoot: "/sys", procRoot: "/proc"},
