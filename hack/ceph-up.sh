@@ -22,6 +22,12 @@
 # remove waits for one commit (a new snapshot ID), so the tests shorten it
 # (cephtest.Start: 0.05) and the benchmarks keep Ceph's default, which is
 # what users' clusters run.
+# ADMIN_KEY_CIPHER=aes makes client.admin's key of the cipher of the releases
+# before Tentacle (aes) and has the monitors allow it again beside their
+# default (aes256k), as docs/backends.md tells users of clients that cannot
+# use aes256k keys: the qemu guests' kernels (krbd before Linux 7.0) and
+# their Debian 12 Ceph 16 tools, and the driver run as a host process,
+# which links this machine's Ceph 16 libraries. Default: Tentacle's own.
 # Stop it with hack/ceph-down.sh DIR.
 set -euo pipefail
 if [ ! -r /etc/spindle-ceph-root ]; then
@@ -133,6 +139,15 @@ for pool in "$@"; do
   rbd pool init "$pool" # as Rook and the docs do; RADOS namespaces need it
   step "pool $pool created"
 done
+if [ "${ADMIN_KEY_CIPHER:-}" = aes ]; then
+  ceph mon set auth_allowed_ciphers aes256k,aes
+  ceph-authtool --create-keyring "$D/admin-aes.keyring" -n client.admin --gen-key --key-type aes \
+    --cap mon 'allow *' --cap osd 'allow *' --cap mds 'allow *' --cap mgr 'allow *' >/dev/null
+  ceph auth import -i "$D/admin-aes.keyring" 2>/dev/null
+  mv "$D/admin-aes.keyring" "$D/ceph.client.admin.keyring"
+  ceph --connect-timeout 10 mon stat >/dev/null
+  step "client.admin's key is of cipher aes (allowed beside aes256k)"
+fi
 # ceph df (pool capacity) needs an active mgr.
 for _ in $(seq 1 120); do ceph mgr stat 2>/dev/null | grep -q '"available": true' && break; sleep 0.25; done
 ceph mgr stat | grep -q '"available": true' || { echo "ceph-up.sh: mgr.x did not become available (see $D/log)" >&2; exit 1; }

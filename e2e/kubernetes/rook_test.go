@@ -53,10 +53,19 @@ func requireRookCeph(t *testing.T) rookCeph {
 	return r
 }
 
+// cephCommand is a Ceph CLI of the cluster's release: run in the Ceph
+// root the cluster's daemons run from (hack/ceph/run), since this
+// machine's own Ceph packages are older than any release Spindle
+// supports.
+func cephCommand(name string, args ...string) *exec.Cmd {
+	run, _ := filepath.Abs(filepath.Join("..", "..", "hack", "ceph", "run"))
+	return exec.Command(run, append([]string{name}, args...)...)
+}
+
 // run runs a Ceph CLI as the cluster's admin.
 func (r rookCeph) run(t *testing.T, name string, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(name, append(args, "-c", r.conf)...)
+	cmd := cephCommand(name, append(args, "-c", r.conf)...)
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	out, err := cmd.Output()
 	if err != nil {
@@ -72,7 +81,7 @@ func (r rookCeph) run(t *testing.T, name string, args ...string) []byte {
 // adminKey is client.admin's key.
 func (r rookCeph) adminKey(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("ceph-authtool", "-p", "-n", "client.admin", filepath.Join(filepath.Dir(r.conf), "ceph.client.admin.keyring")).Output()
+	out, err := cephCommand("ceph-authtool", "-p", "-n", "client.admin", filepath.Join(filepath.Dir(r.conf), "ceph.client.admin.keyring")).Output()
 	if err != nil {
 		t.Fatalf("read the admin key: %v", err)
 	}
@@ -134,7 +143,7 @@ func TestAdoptCephCSIVolume(t *testing.T) {
 		// The adopted volume is deleted with its claim; a test that
 		// failed before the adoption leaves the image.
 		if t.Failed() {
-			_ = exec.Command("rbd", "rm", "--no-progress", r.pool+"/"+image, "-c", r.conf).Run()
+			_ = cephCommand("rbd", "rm", "--no-progress", r.pool+"/"+image, "-c", r.conf).Run()
 		}
 	})
 	objects := r.dataObjects(t, image)

@@ -40,7 +40,7 @@ free_port() {
 mon=$(free_port)
 mon1=$(free_port)
 echo "test-releases: Ceph $cluster_release cluster (hack/ceph-up.sh in its root)" >&2
-SPINDLE_CEPH_RELEASE=$cluster_release MON_PORT=$mon MON_V1_PORT=$mon1 OSD_BYTES=$((6 << 30)) \
+SPINDLE_CEPH_RELEASE=$cluster_release MON_PORT=$mon MON_V1_PORT=$mon1 OSD_BYTES=$((6 << 30)) MON_PROPOSE_INTERVAL=0.05 \
   hack/ceph-up.sh "$dir/cluster" spindle-test spindle-test-b >"$dir/ceph-up.log" 2>&1 ||
   { cat "$dir/ceph-up.log" >&2; exit 1; }
 hack/ceph/run -r "$cluster_release" rbd -c "$dir/cluster/ceph.conf" namespace create spindle-test/ns1

@@ -47,8 +47,11 @@ declare -A packages=(
   [rbd]=internal/backend/rbd [sanity-rbd]=e2e/sanity/rbd [rbd-e2e]=e2e/rbd
   [datapath-iscsi]=e2e/datapath/iscsi [datapath-rbd]=e2e/datapath/rbd [datapath-loop]=e2e/datapath/loop
 )
+# With the driver's Ceph client (cgo, the tag "ceph"): the guest's own
+# Debian 12 librados and librbd serve it there.
+tags=$("$REPO/hack/go-tags.sh") || exit 1
 for name in "${!packages[@]}"; do
-  go test -c -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
+  go test -c -tags "$tags" -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
   mkdir -p "$SHARE/repo/${packages[$name]}"
 done
 # The tests find the repository by its go.mod and start tgtd with hack/tgtd.sh.
@@ -79,9 +82,11 @@ kill_recorded() {
   program=$(readlink -f "$2")
   [ -f "$pidfile" ] || return 0
   pid=$(cat "$pidfile")
-  # A binary rebuilt under a running process reads "PATH (deleted)".
+  # A binary rebuilt under a running process reads "PATH (deleted)"; one
+  # run in the Ceph root (hack/ceph/run) reads the root's view of the
+  # path: the name is compared.
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null) && exe=${exe% (deleted)}
-  if [[ $pid =~ ^[0-9]+$ ]] && [ "$exe" = "$program" ]; then
+  if [[ $pid =~ ^[0-9]+$ ]] && [ "$(basename "$exe")" = "$(basename "$program")" ]; then
     kill "$pid" 2>/dev/null
   fi
   rm -f "$pidfile"
@@ -155,7 +160,8 @@ if [[ " $MODES " == *" krbd "* || " $MODES " == *" rbd-nbd "* ]]; then
   # under emulation each costs seconds); VMTEST_CEPH_PROXY=0 keeps them all
   # in the guest.
   if [ "${VMTEST_CEPH_PROXY:-1}" = 1 ]; then
-    ip netns exec "$VM_NETNS" "$SHARE/bin/cephproxy" serve "$VM_HOST_IP:$cephproxy_port" >"$WORK/cephproxy.log" 2>&1 &
+    # In the Ceph root the cluster runs from: this machine has no Ceph CLIs.
+    ip netns exec "$VM_NETNS" "$REPO/hack/ceph/run" "$SHARE/bin/cephproxy" serve "$VM_HOST_IP:$cephproxy_port" >"$WORK/cephproxy.log" 2>&1 &
     echo $! >"$WORK/cephproxy.pid"
   fi
 fi

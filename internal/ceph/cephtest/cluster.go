@@ -83,20 +83,26 @@ func Start(osdBytes int64) (*Cluster, error) {
 		return nil, fmt.Errorf("not root: the Ceph tests start daemons and map images (run `sudo make test`)")
 	}
 	root := InCephRoot()
-	if root == "" {
-		return nil, fmt.Errorf("not inside a Ceph root: the Ceph tests run with the client of the release under test (run them as `make test` does, through hack/ceph/run: go test -exec hack/ceph/run ...)")
-	}
 	repo, err := repoRoot()
 	if err != nil {
 		return nil, err
 	}
+	// A cluster named by EnvCephDir is used with the client this machine
+	// has: the qemu guests (hack/vm) test their own kernel's and Debian's
+	// client against the cluster the host runs.
 	if dir := os.Getenv(EnvCephDir); dir != "" {
 		c, err := external(dir)
 		if err == nil {
 			c.HackDir, c.ClientRelease = filepath.Join(repo, "hack"), root
+			if root == "" {
+				c.ClientRelease = "this machine's"
+			}
 			c.Release, err = c.release()
 		}
 		return c, err
+	}
+	if root == "" {
+		return nil, fmt.Errorf("not inside a Ceph root: the Ceph tests run with the client of the release under test (run them as `make test` does, through hack/ceph/run: go test -exec hack/ceph/run ...)")
 	}
 	var missing []string
 	for _, p := range []string{"ceph-mon", "ceph-mgr", "ceph-osd", "ceph", "rbd", "ceph-authtool", "monmaptool", "uuidgen"} {
