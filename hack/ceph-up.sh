@@ -151,4 +151,15 @@ fi
 # ceph df (pool capacity) needs an active mgr.
 for _ in $(seq 1 120); do ceph mgr stat 2>/dev/null | grep -q '"available": true' && break; sleep 0.25; done
 ceph mgr stat | grep -q '"available": true' || { echo "ceph-up.sh: mgr.x did not become available (see $D/log)" >&2; exit 1; }
+# The rbd_support module (the "rbd task" commands the driver queues
+# flattens and removals with) answers some seconds after the mgr is
+# available. Debian trixie's Reef mgr never loads it (PyO3 modules in
+# subinterpreters; the driver then runs those tasks itself): not waited for.
+for _ in $(seq 1 120); do
+  ceph rbd task list >/dev/null 2>&1 && break
+  grep -q "Error loading module 'rbd_support'" "$D/log/mgr.x.log" 2>/dev/null && break
+  sleep 0.25
+done
+ceph rbd task list >/dev/null 2>&1 && step "mgr module rbd_support answers" ||
+  echo "ceph-up.sh: the mgr's rbd_support module does not answer (see $D/log/mgr.x.log)" >&2
 step "mgr active; done. export CEPH_CONF=$D/ceph.conf"

@@ -55,7 +55,9 @@ run() {
 case $what in
 contract)
   run go test -count=1 -timeout 20m -tags "$tags" -exec "$here/run -r $cluster_release" -run TestContract ./internal/ceph/
-  run go test -count=1 -timeout 30m -tags "$tags" -exec "$here/run -r 20" ./internal/ceph/ ./internal/backend/rbd/ ./e2e/rbd/
+  # One package at a time: they share this cluster, and each empties the
+  # pool and reads the blocklist as its own.
+  run go test -p 1 -count=1 -timeout 30m -tags "$tags" -exec "$here/run -r 20" ./internal/ceph/ ./internal/backend/rbd/ ./e2e/rbd/
   ;;
 sanity)
   run go test -count=1 -timeout 30m -tags "$tags" -exec "$here/run -r 20" -run TestStockSanityRBD ./e2e/sanity/rbd/

@@ -269,6 +269,11 @@ func connectError(op, monitors string, err error) error {
 		return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: the cluster refused the cephx key (wrong key, or no such user)", op)
 	case ETIMEDOUT:
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "no monitor of %s answered: %s", monitors, op)
+	case EINVAL:
+		// Before it asks a monitor anything, the client decodes its key:
+		// a string that is no key, or a key of a cipher the client's
+		// release does not know (aes256k before Ceph 20), ends here.
+		return errdefs.Wrap(errdefs.ErrPrecondition, err, "%s: the Ceph client cannot read the cephx key (not a key, or of a cipher this client does not know: aes256k keys, Tentacle's default, need a Ceph 20 client)", op)
 	}
 	return wrap(op, err)
 }

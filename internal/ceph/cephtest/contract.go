@@ -588,7 +588,14 @@ var cases = []contractCase{
 		h.must(h.c.CreateSnapshot(h.ctx, p, "s"), "snapshot")
 		c := h.spec(h.pool(), "clone")
 		h.must(h.c.CloneImage(h.ctx, p, "s", c, ceph.ImageOptions{Features: []string{"layering"}}), "clone")
-		h.must(h.c.AddFlattenTask(h.ctx, c), "add flatten")
+		if err := h.c.AddFlattenTask(h.ctx, c); errors.Is(err, ceph.ErrTasksUnsupported) {
+			// Debian trixie's Reef mgr cannot load rbd_support (PyO3
+			// modules in subinterpreters); the rbd backend then runs
+			// these tasks itself, which its own tests cover there.
+			h.t.Skipf("this cluster's manager has no rbd task commands (%v)", err)
+		} else {
+			h.must(err, "add flatten")
+		}
 		h.must(h.c.AddFlattenTask(h.ctx, p), "flatten an image without a parent (done)")
 		h.await("the manager flattens the clone", func() (bool, error) {
 			info, err := h.c.StatImage(h.ctx, c, "")
