@@ -12,8 +12,10 @@
 # has in sid only. A Ceph base image (quay.io/ceph/ceph:v20) would do as
 # well as the runtime stage, with the same package list.
 FROM golang:1.26-trixie AS build
+# gcc and libc6-dev: cgo (Docker Hub's golang image has them; the base
+# make e2e-kind assembles offline does not).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends librados-dev librbd-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev librados-dev librbd-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY go.mod go.sum ./
