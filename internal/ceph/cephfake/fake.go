@@ -635,17 +635,23 @@ func (cl *client) DescribeImage(ctx context.Context, spec ceph.ImageSpec) (*ceph
 	return cl.c.info(img, nil), maps.Clone(img.meta), nil
 }
 
+// metadataOf is a copy of the image's metadata, never nil (as Ceph's
+// listing is an empty map for an image without any).
+func metadataOf(img *image) map[string]string {
+	meta := maps.Clone(img.meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	return meta
+}
+
 func (cl *client) ImageHeader(ctx context.Context, spec ceph.ImageSpec) (*ceph.ImageHeader, error) {
 	img, unlock, err := cl.image(ctx, call{Op: "ImageHeader", Image: spec})
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	meta := maps.Clone(img.meta)
-	if meta == nil {
-		meta = map[string]string{}
-	}
-	return &ceph.ImageHeader{ID: img.id, Size: img.size, Features: cl.c.info(img, nil).Features, Created: img.created, Metadata: meta, Snapshots: len(img.snaps)}, nil
+	return &ceph.ImageHeader{ID: img.id, Size: img.size, Features: cl.c.info(img, nil).Features, Created: img.created, Metadata: metadataOf(img), Snapshots: len(img.snaps)}, nil
 }
 
 // image finds a live image for a call, under the lock.
@@ -973,11 +979,7 @@ func (cl *client) InspectImage(ctx context.Context, spec ceph.ImageSpec) (*ceph.
 		return nil, err
 	}
 	defer unlock()
-	meta := maps.Clone(img.meta)
-	if meta == nil {
-		meta = map[string]string{}
-	}
-	return &ceph.Inspection{Info: *cl.c.info(img, nil), Metadata: meta, Watchers: slices.Clone(img.watchers), Locks: slices.Clone(img.locks), Snapshots: snapInfos(img)}, nil
+	return &ceph.Inspection{Info: *cl.c.info(img, nil), Metadata: metadataOf(img), Watchers: slices.Clone(img.watchers), Locks: slices.Clone(img.locks), Snapshots: snapInfos(img)}, nil
 }
 
 func (cl *client) BreakLock(ctx context.Context, spec ceph.ImageSpec, lock ceph.Lock) error {
