@@ -38,6 +38,7 @@ import (
 type Config struct {
 	DriverName      string // the CSI driver of the PVs
 	CephConf        string // ceph.conf of the cluster (its keyring line gives the rbd CLI its key)
+	RBDCommand      string // the rbd CLI: a program and its leading arguments, space-separated
 	ClusterID       string // the PVs' volumeAttributes.clusterID: the rbd backend's cluster
 	Pool            string
 	ImageSize       string // rbd create --size
@@ -52,6 +53,9 @@ type Config struct {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DriverName, "spindle.driver-name", "spindle.csi.dev", "the CSI driver the pre-provisioned PVs name")
 	fs.StringVar(&c.CephConf, "spindle.ceph-conf", "", "ceph.conf of the Ceph cluster the images are made in (required)")
+	// A command, not only a path: where this machine's own Ceph client is
+	// older than the cluster, the CLI runs in a Ceph root (hack/ceph/run rbd).
+	fs.StringVar(&c.RBDCommand, "spindle.rbd-command", "rbd", "the rbd CLI to run, with any leading arguments (space-separated: hack/ceph/run rbd)")
 	fs.StringVar(&c.ClusterID, "spindle.rbd-cluster-id", "", "volumeAttributes.clusterID of the PVs: the rbd backend's cluster (required)")
 	fs.StringVar(&c.Pool, "spindle.rbd-pool", "", "the pool the images are made in (required)")
 	// The size PVs of the suite declare (e2epv's default capacity).
@@ -209,8 +213,12 @@ func (d *Driver) spec(image string) string { return d.cfg.Pool + "/" + image }
 func (d *Driver) rbd(ctx context.Context, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
 	defer cancel()
+	command := strings.Fields(d.cfg.RBDCommand)
+	if len(command) == 0 {
+		return "", fmt.Errorf("-spindle.rbd-command is empty")
+	}
 	args = append([]string{"--conf", d.cfg.CephConf}, args...)
-	cmd := exec.CommandContext(ctx, "rbd", args...)
+	cmd := exec.CommandContext(ctx, command[0], append(command[1:], args...)...)
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
