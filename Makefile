@@ -48,7 +48,7 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags "$$(hack/go-tags.sh)" ./...
+	$(GO) vet -tags "root cluster $$(hack/go-tags.sh)" ./...
 
 # The packages that reach a real Ceph: built with the tag "ceph" and run
 # inside a Ceph root (hack/ceph/run: the release's daemons, CLIs and client
@@ -56,18 +56,24 @@ lint:
 CEPH_PKGS := ./internal/ceph/... ./internal/backend/rbd/... ./e2e/sanity/rbd/ ./e2e/rbd/
 CEPH_EXEC  = $(CURDIR)/hack/ceph/run
 
-# The csi-sanity runs write their spec counts to $(REPORTS), printed last.
-# helm is built first (hack/helm.sh, cached) so the chart's tests run too;
-# the stock csi-sanity binary (hack/csi-sanity.sh, cached) runs against the
-# spindle binary built here, as users run both. Then the Ceph packages, in
-# the Ceph root (its release printed first). Each package's time limit is
-# three times what it takes on an idle 2-core machine (docs/testing.md).
+# The test tiers (docs/testing.md): `go test ./...` alone is the unit tier
+# (fakes only, any user, any machine); make test runs, as root, the unit
+# and root tiers together (-tags root: real loop devices, mkfs, mounts,
+# tgtd, helm, csi-sanity), then the Ceph tier (the tag "ceph": the Ceph
+# packages in the Ceph root, its release printed first). A test of the
+# root or Ceph tier fails, naming what is missing, where it cannot run.
+# The cluster tier (-tags cluster) and the guests have targets of their
+# own below. The csi-sanity runs write their spec counts to $(REPORTS),
+# printed last. helm (hack/helm.sh) and the stock csi-sanity binary
+# (hack/csi-sanity.sh) are built first, cached; csi-sanity runs against
+# the spindle binary built here, as users run both. Each package's time
+# limit is three times what it takes on an idle 2-core machine.
 test: deps lint helm csi-sanity build
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_HELM=$$(hack/helm.sh) SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_BINARY=$(CURDIR)/$(BIN)/spindle \
-	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 -timeout 30m ./...
+	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 -timeout 30m -tags root ./...
 	@$(CEPH_EXEC) sh -c 'echo "make test: the Ceph packages on Ceph $$(ceph --version | cut -d" " -f3-), with its client"'
-	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 -timeout 20m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) $(CEPH_PKGS)
+	SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) $(GO) test -race -count=1 -timeout 20m -tags "root $$(hack/go-tags.sh)" -exec $(CEPH_EXEC) $(CEPH_PKGS)
 	@cat $(REPORTS)/*.txt 2>/dev/null || true
 
 # The Ceph packages against the other releases Spindle supports: the
@@ -84,7 +90,7 @@ test-ceph: deps build
 sanity-stock-rbd: deps csi-sanity
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \
-	$(GO) test -count=1 -timeout 30m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) -run TestStockSanityRBD ./e2e/sanity/rbd/
+	$(GO) test -count=1 -timeout 30m -tags "root $$(hack/go-tags.sh)" -exec $(CEPH_EXEC) -run TestStockSanityRBD ./e2e/sanity/rbd/
 	SPINDLE_STOCK_SANITY_RBD=1 SPINDLE_CSI_SANITY=$$(hack/csi-sanity.sh) SPINDLE_REPORT_DIR=$(CURDIR)/$(REPORTS) \
 	hack/ceph/test-releases.sh sanity
 	@cat $(REPORTS)/*.txt
@@ -96,7 +102,7 @@ csi-sanity:
 	@hack/csi-sanity.sh >/dev/null
 
 chart-test: helm
-	SPINDLE_HELM=$$(hack/helm.sh) $(GO) test -race -count=1 ./e2e/chart/
+	SPINDLE_HELM=$$(hack/helm.sh) $(GO) test -race -count=1 -tags root ./e2e/chart/
 
 images:
 	hack/images.sh all
@@ -120,8 +126,8 @@ bench: deps build
 	$(GO) run ./e2e/cmd/spindle-bench --driver $(BIN)/spindle $(BENCH_ARGS)
 	tags=$$(hack/go-tags.sh) && $(GO) build -tags "$$tags" -o $(BIN)/spindle-bench-rbd ./e2e/cmd/spindle-bench-rbd
 	MON_PROPOSE_INTERVAL=1 $(CEPH_EXEC) $(BIN)/spindle-bench-rbd -driver $(BIN)/spindle $(if $(CEPH_CSI),-ceph-csi $(CEPH_CSI))
-	MON_PROPOSE_INTERVAL=1 $(GO) test -count=1 -run '^$$' -bench SnapshotRBD -benchtime 1x -timeout 60m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) ./internal/backend/rbd/
-	MON_PROPOSE_INTERVAL=1 $(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m -tags "$$(hack/go-tags.sh)" -exec $(CEPH_EXEC) $(addprefix ./e2e/datapath/,$(DATAPATH))
+	MON_PROPOSE_INTERVAL=1 $(GO) test -count=1 -run '^$$' -bench SnapshotRBD -benchtime 1x -timeout 60m -tags "root $$(hack/go-tags.sh)" -exec $(CEPH_EXEC) ./internal/backend/rbd/
+	MON_PROPOSE_INTERVAL=1 $(GO) test -count=1 -run '^$$' -bench DataPath -benchtime 1x -timeout 120m -tags "root $$(hack/go-tags.sh)" -exec $(CEPH_EXEC) $(addprefix ./e2e/datapath/,$(DATAPATH))
 
 # Builds (cached), brings the cluster up with the chart (DEPLOY=helm), runs
 # e2e/cmd/spindle-bench-k8s (BENCH_K8S_ARGS="-pods 50 -size 128Mi" tunes it),

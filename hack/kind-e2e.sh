@@ -261,7 +261,7 @@ fi
 run=()
 [ -z "${E2E_RUN:-}" ] || run=(-run "$E2E_RUN")
 SPINDLE_E2E_KUBECONFIG=$KUBECONFIG SPINDLE_E2E_NODE=$NAME-worker SPINDLE_HELM=$HELM \
-  go test -count=1 -v -timeout 30m -skip "^($(IFS='|'; echo "${not_here[*]}"))\$" "${run[@]}" ./e2e/kubernetes/ ./e2e/chart/ 2>&1 | tee "$out"
+  go test -count=1 -v -timeout 30m -tags "cluster root" -skip "^($(IFS='|'; echo "${not_here[*]}"))\$" "${run[@]}" ./e2e/kubernetes/ ./e2e/chart/ 2>&1 | tee "$out"
 kill "$sampler" 2>/dev/null
 phase "tests" $((SECONDS - t))
 count_results "$out"

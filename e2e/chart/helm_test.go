@@ -1,3 +1,5 @@
+//go:build root
+
 // Package chart tests the Helm chart charts/spindle: `helm lint`, and
 // `helm template` with the default values, every example values file and a
 // few variants, parsed into the Kubernetes API types and checked for what
@@ -36,7 +38,7 @@ const (
 	helmVersion = "v3.21.4" // hack/helm.sh's pin
 )
 
-// helm returns the helm binary, or skips the test.
+// helm returns the helm binary (hack/helm.sh builds it), or fails the test.
 func helm(t *testing.T) string {
 	t.Helper()
 	if h := os.Getenv("SPINDLE_HELM"); h != "" {
@@ -49,7 +51,7 @@ func helm(t *testing.T) string {
 	}
 	h := filepath.Join(cache, "spindle", "tools", "helm-"+helmVersion, "helm")
 	if _, err := os.Stat(h); err != nil {
-		t.Skipf("helm is not built (%s): run hack/helm.sh, or `make chart-test`, which builds it", h)
+		t.Fatalf("helm is not built (%s): run hack/helm.sh, or `make chart-test`, which builds it", h)
 	}
 	return h
 }

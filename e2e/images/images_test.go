@@ -1,3 +1,5 @@
+//go:build root
+
 // Package images tests the images hack/images.sh assembles: the driver
 // image is unpacked and its programs run in a chroot, as a container
 // runtime would run them (root needed; skipped otherwise).
@@ -12,16 +14,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
 // buildImage runs hack/images.sh what into a temporary directory and
 // unpacks the tarball it names into root (a new temporary directory), for
-// its programs to run in a chroot (root needed; the test skips otherwise).
+// its programs to run in a chroot (root needed).
 func buildImage(t *testing.T, what, tarball string) (root string, manifest []map[string]any, config map[string]any) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
+	testutil.RequireRoot(t, "run the image's programs in a chroot")
 	if testing.Short() {
 		t.Skip("builds the " + what + " image (-short)")
 	}

@@ -77,7 +77,7 @@ type Cluster struct {
 }
 
 // Connect returns the cluster of EnvKubeconfig (or EnvClusterDir), checking
-// that node exists; without either variable the test skips, saying how to
+// that node exists; without either variable the test fails, saying how to
 // get a cluster.
 func Connect(t testing.TB, node string) *Cluster {
 	t.Helper()
@@ -86,7 +86,7 @@ func Connect(t testing.TB, node string) *Cluster {
 		kubeconfig = filepath.Join(os.Getenv(EnvClusterDir), "admin.kubeconfig")
 	}
 	if kubeconfig == "" {
-		t.Skipf("no Kubernetes cluster: run `make e2e` or `make e2e-kind`, or set %s (docs/testing.md)", EnvKubeconfig)
+		t.Fatalf("no Kubernetes cluster: run `make e2e` or `make e2e-kind`, or set %s (docs/testing.md)", EnvKubeconfig)
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {

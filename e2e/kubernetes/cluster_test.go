@@ -1,3 +1,5 @@
+//go:build cluster
+
 // Package kubernetes holds Spindle's end-to-end tests against a real
 // Kubernetes: kube-apiserver, controllers, real kubelets, the CSI sidecars
 // and the driver. They drive the driver only through Kubernetes objects

@@ -1,3 +1,5 @@
+//go:build cluster
+
 // Package multinode holds Spindle's end-to-end tests that need more than one
 // node with a kubelet: volumes that move between nodes, a volume that must
 // never be on two nodes at once, a node that is lost. `make e2e-multinode`

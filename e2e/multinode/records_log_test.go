@@ -1,6 +1,8 @@
 package multinode
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,4 +48,37 @@ func TestWriterLogParsing(t *testing.T) {
 			t.Errorf("longestGapAfter(after record %d) = %v, want %v", tc.after, got, tc.want)
 		}
 	}
+}
+
+// lastRecordLogged is the last record a writer's log names, in a "record
+// N" line (every 50th) or a gap's line (0 when none): a gap logged before
+// the disruption began is not the disruption's.
+func lastRecordLogged(log string) int {
+	last := 0
+	for _, l := range strings.Split(log, "\n") {
+		var n, ms int
+		if _, err := fmt.Sscanf(l, "record %d", &n); err != nil {
+			if _, err := fmt.Sscanf(l, "gap %dms before record %d", &ms, &n); err != nil {
+				continue
+			}
+		}
+		last = max(last, n)
+	}
+	return last
+}
+
+// longestGapAfter is the longest of the gaps a writer's log reports
+// ("gap 1498ms before record 248 at 15:12:58.606") before a record after
+// record after. The writer logs gaps over a second only: none is "under a
+// second", reported as 0.
+func longestGapAfter(log string, after int) time.Duration {
+	var longest time.Duration
+	for _, l := range strings.Split(log, "\n") {
+		var ms, n int
+		if _, err := fmt.Sscanf(l, "gap %dms before record %d", &ms, &n); err != nil || n <= after {
+			continue
+		}
+		longest = max(longest, time.Duration(ms)*time.Millisecond)
+	}
+	return longest
 }

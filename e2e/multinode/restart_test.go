@@ -1,3 +1,5 @@
+//go:build cluster
+
 package multinode
 
 import (
@@ -148,8 +150,8 @@ func TestHelmUpgradeKeepsIO(t *testing.T) {
 // same disruption each time. All seven writers at once, two emulated
 // workers with three or four each, left containerd there unable to finish
 // the replaced node plugin's container for more than 10 minutes (runs O
-// and P in docs/testing.md: every runc call missed its deadline); with
-// two on each worker both nodes had their new plugin within 1-2.7 minutes
+// and P in docs/results/2026-11-29-testing-history.md: every runc call
+// missed its deadline); with two on each worker both nodes had their new plugin within 1-2.7 minutes
 // (run Q). A real node carries more, on real CPUs.
 func (c *cluster) everyRoundThrough(t *testing.T, disrupt func(t *testing.T, begin func()) map[string]*corev1.Pod) {
 	t.Helper()
@@ -387,39 +389,6 @@ func (w *recordsWriter) finish(t *testing.T) {
 	if got, want := kube.TerminationMessage(reader), fmt.Sprintf("verified %d records", n); got != want {
 		t.Errorf("the reader says %q, want %q", got, want)
 	}
-}
-
-// lastRecordLogged is the last record a writer's log names, in a "record
-// N" line (every 50th) or a gap's line (0 when none): a gap logged before
-// the disruption began is not the disruption's.
-func lastRecordLogged(log string) int {
-	last := 0
-	for _, l := range strings.Split(log, "\n") {
-		var n, ms int
-		if _, err := fmt.Sscanf(l, "record %d", &n); err != nil {
-			if _, err := fmt.Sscanf(l, "gap %dms before record %d", &ms, &n); err != nil {
-				continue
-			}
-		}
-		last = max(last, n)
-	}
-	return last
-}
-
-// longestGapAfter is the longest of the gaps a writer's log reports
-// ("gap 1498ms before record 248 at 15:12:58.606") before a record after
-// record after. The writer logs gaps over a second only: none is "under a
-// second", reported as 0.
-func longestGapAfter(log string, after int) time.Duration {
-	var longest time.Duration
-	for _, l := range strings.Split(log, "\n") {
-		var ms, n int
-		if _, err := fmt.Sscanf(l, "gap %dms before record %d", &ms, &n); err != nil || n <= after {
-			continue
-		}
-		longest = max(longest, time.Duration(ms)*time.Millisecond)
-	}
-	return longest
 }
 
 // nodePlugin is the chart's node plugin pod on node.

@@ -1,3 +1,5 @@
+//go:build cluster
+
 package multinode
 
 import (
@@ -27,8 +29,8 @@ var kernelModes = []attachMode{modeNamed("loop"), modeNamed("iscsi-kernel"), mod
 // refused upgrade: under chart 0.1.0 its rbd-fuse runs in the node
 // plugin's pod. Not rbd-nbd: 0.1.0 identifies a mapped nbd device with
 // `rbd device list`, which on an emulated worker outlasted its 30 s per
-// call, so 0.1.0 never staged such a volume there (docs/testing.md, run
-// F). Not the iSCSI userspace path: 0.1.0's image has no
+// call, so 0.1.0 never staged such a volume there (run F in
+// docs/results/2026-11-29-testing-history.md). Not the iSCSI userspace path: 0.1.0's image has no
 // qemu-storage-daemon.
 var userspaceMode = modeNamed("rbd-fuse")
 
@@ -115,7 +117,7 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		// hand, as the attach-detach controller makes one for a pod: with
 		// a pod, 0.1.0's node plugin would stage the volume inside this
 		// window, which on an emulated worker ran past kubelet's 2
-		// minutes (docs/testing.md, run G), and another volume's stage
+		// minutes (docs/results/2026-11-29-testing-history.md, run G), and another volume's stage
 		// there paused the loop writer for seconds (runs M and N). The
 		// chart's check reads the same VolumeAttachment either way.
 		ns := c.Namespace(t)
@@ -163,7 +165,7 @@ func TestUpgradeFromPreviousChart(t *testing.T) {
 		// The writers' gaps count from here: the refused upgrade above
 		// changed nothing on the nodes, and in run O the loop writer
 		// paused 17 s in that phase, before this upgrade began, with
-		// nothing done on its worker (docs/testing.md).
+		// nothing done on its worker (docs/results/2026-11-29-testing-history.md).
 		begin()
 		start := time.Now()
 		if out, err := h.upgradeTo(h.chart, h.values); err != nil {

@@ -1,3 +1,5 @@
+//go:build root
+
 // Package ops_test checks the operators' endpoints of a real driver (the
 // e2e harness, real loop devices and filesystems): /metrics through a
 // volume's lifecycle, /healthz when the backend goes away, and the node's

@@ -1,3 +1,5 @@
+//go:build root
+
 // Package pathsafety checks, against a running driver on real loop devices
 // and mounts, that no Node request can make the node plugin destroy what
 // its paths name: every path is confined to the plugin's roots, and only

@@ -51,7 +51,7 @@ func StockBinary(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("SPINDLE_CSI_SANITY")
 	if bin == "" {
-		t.Skip("SPINDLE_CSI_SANITY is not set: the stock csi-sanity binary is missing (make test installs it with hack/csi-sanity.sh)")
+		t.Fatal("SPINDLE_CSI_SANITY is not set: the stock csi-sanity binary is missing (make test installs it with hack/csi-sanity.sh)")
 	}
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("SPINDLE_CSI_SANITY=%s: %v", bin, err)

@@ -22,7 +22,8 @@ repo=$(cd "$here/../.." && pwd)
 cd "$repo"
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 what=${1:-contract}
-tags=$(hack/go-tags.sh)
+# The root tier's tag too: the Ceph packages' tests run as root in the Ceph root.
+tags="root $(hack/go-tags.sh)"
 cluster_release=${CLUSTER_RELEASE:-18}
 
 dir=$(mktemp -d /tmp/spindle-ceph-releases-XXXXXX)

@@ -127,7 +127,7 @@ for deploy in ${DEPLOYS:-process helm}; do
   run=()
   [ -n "${E2E_RUN:-}" ] && run=(-run "$E2E_RUN")
   env "${direct[@]}" SPINDLE_E2E_KUBECONFIG="$KUBECONFIG" SPINDLE_E2E_NODE="$NODE" SPINDLE_HELM="$("$REPO/hack/helm.sh")" \
-    go test -count=1 -v -timeout 30m "${skip[@]}" "${run[@]}" "${packages[@]}" 2>&1 | tee "$out"
+    go test -count=1 -v -timeout 30m -tags cluster "${skip[@]}" "${run[@]}" "${packages[@]}" 2>&1 | tee "$out"
   phase "tests ($deploy)" $((SECONDS - t))
   count_results "$out"
   rm -f "$out"

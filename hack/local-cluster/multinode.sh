@@ -339,7 +339,7 @@ down # what a killed run left behind
 rm -rf "$CLUSTER_DIR".failed-*
 if [ "${1:-all}" = up ]; then
   up
-  echo "multinode: up; KUBECONFIG=$KUBECONFIG ${TEST_ENV[*]} go test -parallel 16 ./e2e/multinode/"
+  echo "multinode: up; KUBECONFIG=$KUBECONFIG ${TEST_ENV[*]} go test -tags cluster -parallel 16 ./e2e/multinode/"
   exit 0
 fi
 memory=$(mktemp)
@@ -350,7 +350,7 @@ up
 
 t=$SECONDS
 out=$(mktemp)
-env "${TEST_ENV[@]}" go test -count=1 -v -parallel 16 -timeout 150m ${TESTS:+-run "$TESTS"} ${SKIP:+-skip "$SKIP"} ./e2e/multinode/ 2>&1 | tee "$out"
+env "${TEST_ENV[@]}" go test -count=1 -v -tags cluster -parallel 16 -timeout 150m ${TESTS:+-run "$TESTS"} ${SKIP:+-skip "$SKIP"} ./e2e/multinode/ 2>&1 | tee "$out"
 phase tests $((SECONDS - t))
 read -r peak qpeak <"$memory"
 echo "multinode: peak memory in use on this machine: $peak MiB, of which the workers' qemu: $qpeak MiB"

@@ -81,7 +81,7 @@ cp "$SHARE"/pki/* /etc/kubernetes/pki/
 # weight kubelet sets from the node's CPUs (79 for 2). On an emulated
 # worker under load (run N: load 15 on 2 vCPUs), the pods' work took the
 # CPU that runc needed to delete an exited container within containerd's
-# 10 s, for minutes (docs/testing.md, runs N, O and V): replacing a node
+# 10 s, for minutes (docs/results/2026-11-29-testing-history.md, runs N, O and V): replacing a node
 # plugin pod took up to 9 minutes and a helm upgrade ran out. The pods'
 # work includes the userspace attachers' (rbd-nbd, rbd-fuse,
 # qemu-storage-daemon in the attach daemon's pod), so the weight is a
@@ -189,7 +189,7 @@ echo "$kubelet_pid" >/run/kubelet.pid
 # the 9p share must not stall the sampler too); the loop below copies it to
 # out/ when it grew. Only with STALL_SAMPLER=1 (workers.sh's
 # WORKER_STALL_SAMPLER): on a saturated guest one scan took 6-13 s of the
-# CPU the tests need (docs/testing.md, run O).
+# CPU the tests need (docs/results/2026-11-29-testing-history.md, run O).
 STALLS=/run/spindle-stalls.log
 stalls_prev="" stalls_now=""
 # note_stall STAT LINE: a task (its stat file and that file's line) in D now

@@ -41,7 +41,7 @@
 #                  take every CPU they get, and on a loaded 2-core host those
 #                  threads waited on the run queue 3-4 times as long as they
 #                  ran, and a loop volume's 9p writes stalled for seconds
-#                  (docs/testing.md, run R).
+#                  (docs/results/2026-11-29-testing-history.md, run R).
 #                  0: qemu's threads keep the default policy
 #   VM_VERBOSE=1   full boot messages on the console (default: quiet boot)
 #   VM_APPEND=...  more kernel command line

@@ -51,7 +51,7 @@ declare -A packages=(
 # Debian 12 librados and librbd serve it there.
 tags=$("$REPO/hack/go-tags.sh") || exit 1
 for name in "${!packages[@]}"; do
-  go test -c -tags "$tags" -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
+  go test -c -tags "root $tags" -o "$SHARE/bin/$name.test" "./${packages[$name]}" || { echo "vmtest: go test -c ${packages[$name]} failed"; exit 1; }
   mkdir -p "$SHARE/repo/${packages[$name]}"
 done
 # The tests find the repository by its go.mod and start tgtd with hack/tgtd.sh.

@@ -1,3 +1,5 @@
+//go:build root
+
 package node
 
 // Tests on real loop devices with the real blkid, mkfs and mount. They need

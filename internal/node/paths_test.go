@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spindle-csi/spindle/internal/errdefs"
+	"github.com/spindle-csi/spindle/internal/testutil"
 )
 
 // pathTree is a test's allowed root and a directory outside it, with a few
@@ -169,9 +170,7 @@ var victims = []victim{
 
 func mustMknod(t *testing.T, path string, kind uint32, major, minor uint32) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mknod of a device node needs root")
-	}
+	testutil.RootOnlyCase(t, "make a device node (mknod)")
 	if err := unix.Mknod(path, kind|0o600, int(unix.Mkdev(major, minor))); err != nil {
 		t.Fatal(err)
 	}

@@ -1,3 +1,5 @@
+//go:build root
+
 package node
 
 // Filesystem growth on real loop devices with the real tools. Root and the

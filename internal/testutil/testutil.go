@@ -1,6 +1,7 @@
 // Package testutil holds the few helpers Spindle's tests share across
-// packages: skipping, with the reason, when the machine lacks what a test
-// needs, and checking the kind and message of an error.
+// packages: the test tiers' requirements (a root-tier test fails, naming
+// what is missing, rather than skipping: `make test` promises the tier),
+// scratch filesystems, and checking the kind and message of an error.
 package testutil
 
 import (
@@ -18,18 +19,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RequireRoot skips t unless it runs as root; why says what needs root.
+// RequireRoot declares t a root-tier test that needs root to do why. Its
+// file must carry the build constraint "root" (docs/testing.md, "Test
+// tiers"): compiled into the unit tier, it fails saying so, so that a test
+// needing root cannot slip into what `go test ./...` runs everywhere; in
+// the root tier, run without root, it fails naming why.
 func RequireRoot(t testing.TB, why string) {
 	t.Helper()
+	if !rootTier {
+		t.Fatalf("this test needs root to %s, so it belongs to the root tier: build it with -tags root (its file needs the build constraint //go:build root)", why)
+	}
 	if os.Geteuid() != 0 {
-		t.Skipf("needs root to %s (run `sudo make test`)", why)
+		t.Fatalf("the root tier (-tags root) needs root to %s: run it as root, as `make test` does", why)
 	}
 }
 
-// RequireCommands skips t, naming what is missing, unless every program is
-// on PATH. hack/install-deps.sh installs them all.
+// RequireCommands declares t a root-tier test that runs these programs of
+// the machine; it fails, naming what is missing, unless every one is on
+// PATH (hack/install-deps.sh installs them all). Like RequireRoot, it fails
+// in the unit tier, which runs no program of the machine.
 func RequireCommands(t testing.TB, names ...string) {
 	t.Helper()
+	if !rootTier {
+		t.Fatalf("this test runs %s, so it belongs to the root tier: build it with -tags root (its file needs the build constraint //go:build root)", strings.Join(names, ", "))
+	}
 	var missing []string
 	for _, n := range names {
 		if _, err := exec.LookPath(n); err != nil {
@@ -37,7 +50,7 @@ func RequireCommands(t testing.TB, names ...string) {
 		}
 	}
 	if len(missing) > 0 {
-		t.Skipf("missing %s: run hack/install-deps.sh", strings.Join(missing, ", "))
+		t.Fatalf("missing %s: run hack/install-deps.sh", strings.Join(missing, ", "))
 	}
 }
 
@@ -63,10 +76,11 @@ func WantKind(t testing.TB, err, kind error, mentions ...string) {
 // its mount point; the mount and the loop device go away when the test
 // ends. Tests use it for pools with properties /tmp lacks: reflink (xfs,
 // btrfs), none (ext4, tmpfs), a size small enough to fill. mkfsArgs come
-// before the device on mkfs's command line.
+// before the device on mkfs's command line. Mounting needs root: in the
+// unit tier the test skips, naming the root tier, where it runs.
 func ScratchFilesystem(t testing.TB, fsType string, sizeBytes int64, mkfsArgs ...string) string {
 	t.Helper()
-	RequireRoot(t, "mount a scratch "+fsType+" filesystem")
+	RootOnlyCase(t, "mount a scratch "+fsType+" filesystem")
 	dir := filepath.Join(t.TempDir(), "mnt-"+fsType)
 	if err := os.Mkdir(dir, 0o750); err != nil {
 		t.Fatal(err)
@@ -118,4 +132,15 @@ func run(t testing.TB, name string, args ...string) string {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, stderr)
 	}
 	return string(out)
+}
+
+// RootOnlyCase is for the one case of a unit-tier table that needs root to
+// do why (a device node made with mknod): the unit tier skips it, naming
+// the tier it runs in; the root tier runs it, as RequireRoot would.
+func RootOnlyCase(t testing.TB, why string) {
+	t.Helper()
+	if !rootTier {
+		t.Skipf("needs root to %s: this case runs in the root tier (go test -tags root)", why)
+	}
+	RequireRoot(t, why)
 }

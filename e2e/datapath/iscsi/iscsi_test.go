@@ -1,3 +1,5 @@
+//go:build root
+
 // Package iscsi measures the iSCSI backend's data path (e2e/datapath): an
 // ext4 volume on a LUN served by a real target and attached by the mode the
 // environment selects (iscsitest.ModeFromEnv: the userspace initiator

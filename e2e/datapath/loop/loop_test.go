@@ -1,3 +1,5 @@
+//go:build root
+
 // Package loop measures the loop backend's data path (e2e/datapath): an
 // ext4 volume published from a pool on this machine's filesystem, with the
 // loop device in direct I/O (the default) and through the page cache

@@ -1,3 +1,5 @@
+//go:build root
+
 // Package iscsi runs csi-sanity against the driver configured with the
 // iSCSI backend on a real target, attaching with a real initiator, with
 // CHAP secrets on every call: by default tgtd and the userspace initiator

@@ -40,9 +40,9 @@ func TestSanityRBD(t *testing.T) {
 }
 
 // The stock csi-sanity binary with its default flags (its own IDs, 10 GiB
-// volumes) and the cluster's secrets file. It is long, most of it in
-// snapshots (each a full copy of a 10 GiB image; docs/testing.md has the
-// time), so it has its own make target instead of a place in make test.
+// volumes) and the cluster's secrets file. It is long (csi-sanity's
+// 10 GiB volumes; docs/testing.md has the time), so it has its own make
+// target instead of a place in make test.
 func TestStockSanityRBD(t *testing.T) {
 	if os.Getenv("SPINDLE_STOCK_SANITY_RBD") == "" {
 		t.Skip("the stock csi-sanity run against RBD is long and runs with SPINDLE_STOCK_SANITY_RBD=1: make sanity-stock-rbd")

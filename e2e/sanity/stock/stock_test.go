@@ -1,3 +1,5 @@
+//go:build root
+
 // Package stock runs the stock csi-sanity binary, with its default flags,
 // against the spindle binary as a user starts it (--mode all on a loop
 // pool), in mount and in block access.
@@ -17,7 +19,7 @@ func TestStockSanityLoop(t *testing.T) {
 	csiSanity := sanity.StockBinary(t)
 	binary := os.Getenv("SPINDLE_BINARY")
 	if binary == "" {
-		t.Skip("SPINDLE_BINARY is not set: the spindle binary to test is missing (make test builds it into bin/)")
+		t.Fatal("SPINDLE_BINARY is not set: the spindle binary to test is missing (make test builds it into bin/)")
 	}
 	work := harness.TempDir(t)
 	drv, err := harness.StartProcess(harness.ProcessOptions{

@@ -45,9 +45,7 @@ func TestConformanceFake(t *testing.T) {
 // image too big is refused by the filesystem's real free space; the same
 // provisioning cap keeps sparse images from totalling more than that.
 func TestConformanceLosetup(t *testing.T) {
-	if reason := realLoopUnavailable(); reason != "" {
-		t.Skip(reason)
-	}
+	requireRealLoop(t)
 	conformance.Run(t, func(t *testing.T, opts conformance.Options) *conformance.Fixture {
 		var tmpfsSize int64
 		if opts.CapacityBytes > 0 {
@@ -77,18 +75,15 @@ func newFakeEnv(t *testing.T, cfg loop.Config) *env {
 	return &env{inst: inst, store: inst.Store.(*filestore.Store), fake: fake}
 }
 
-// realLoopUnavailable says why real loop devices cannot be bound here, or "".
-func realLoopUnavailable() string {
-	if os.Geteuid() != 0 {
-		return "binding loop devices needs root"
-	}
+// requireRealLoop: the cases on real loop devices run in the root tier,
+// where the loop driver must be there.
+func requireRealLoop(t *testing.T) {
+	t.Helper()
+	testutil.RootOnlyCase(t, "bind real loop devices")
+	testutil.RequireCommands(t, "losetup")
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		return "no loop driver: " + err.Error()
+		t.Fatalf("no loop driver: %v", err)
 	}
-	if _, err := exec.LookPath("losetup"); err != nil {
-		return "losetup is not installed: " + err.Error()
-	}
-	return ""
 }
 
 // newRealEnv builds an instance on real losetup; with tmpfsSize > 0 its pool
@@ -97,9 +92,7 @@ func realLoopUnavailable() string {
 // and then detached, so a failing test never leaks devices.
 func newRealEnv(t *testing.T, tmpfsSize int64) *env {
 	t.Helper()
-	if reason := realLoopUnavailable(); reason != "" {
-		t.Skip(reason)
-	}
+	requireRealLoop(t)
 	pool := filepath.Join(t.TempDir(), "pool")
 	if tmpfsSize > 0 {
 		mountTmpfs(t, pool, fmt.Sprintf("size=%d,mode=0750", tmpfsSize))
@@ -125,9 +118,7 @@ func newRealEnv(t *testing.T, tmpfsSize int64) *env {
 // mountTmpfs mounts a tmpfs on dir (created if needed) until the test ends.
 func mountTmpfs(t *testing.T, dir, opts string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
+	testutil.RootOnlyCase(t, "mount a tmpfs")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}

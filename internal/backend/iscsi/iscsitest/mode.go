@@ -48,9 +48,10 @@ func ModeFromEnv() (Mode, error) {
 	return m, nil
 }
 
-// Require skips t, naming what is missing, unless the real iSCSI path of
-// the environment's mode can run here, and returns the mode. A malformed
-// mode fails the test: a typo must not turn a run into skips.
+// Require fails t, naming what is missing, unless the real iSCSI path of
+// the environment's mode (the root tier's: tgtd and the userspace attacher
+// by default) can run here, and returns the mode. A malformed mode fails
+// the test too: a typo must not turn a run into skips.
 func Require(t testing.TB) Mode {
 	t.Helper()
 	mode, err := ModeFromEnv()
@@ -67,7 +68,7 @@ func Require(t testing.TB) Mode {
 		// The iscsi fabric directory appears with the first target;
 		// target_core_mod's own directory says configfs is there.
 		if _, err := os.Stat("/sys/kernel/config/target"); err != nil {
-			t.Skipf("LIO's configfs is missing (/sys/kernel/config/target; is configfs mounted?): %v", err)
+			t.Fatalf("LIO's configfs is missing (/sys/kernel/config/target; is configfs mounted?): %v", err)
 		}
 	}
 	switch mode.Attach {
@@ -75,7 +76,7 @@ func Require(t testing.TB) Mode {
 		testutil.RequireCommands(t, "qemu-storage-daemon", "losetup")
 		for _, dev := range []string{"/dev/fuse", "/dev/loop-control"} {
 			if _, err := os.Stat(dev); err != nil {
-				t.Skipf("missing %s: the userspace iSCSI attacher needs FUSE and loop devices", dev)
+				t.Fatalf("missing %s: the userspace iSCSI attacher needs FUSE and loop devices", dev)
 			}
 		}
 	case iscsi.ModeKernel:
@@ -88,7 +89,7 @@ func Require(t testing.TB) Mode {
 }
 
 // requireModules runs modprobe (the command line in modprobe, to load or
-// only to resolve) for each module not loaded yet, or skips t naming the
+// only to resolve) for each module not loaded yet, or fails t naming the
 // one this kernel lacks.
 func requireModules(t testing.TB, what string, modprobe []string, modules ...string) {
 	t.Helper()
@@ -97,7 +98,7 @@ func requireModules(t testing.TB, what string, modprobe []string, modules ...str
 			continue
 		}
 		if out, err := exec.Command(modprobe[0], append(modprobe[1:], m)...).CombinedOutput(); err != nil {
-			t.Skipf("%s needs the %s module, which this kernel does not have: modprobe: %v: %s", what, m, err, strings.TrimSpace(string(out)))
+			t.Fatalf("%s needs the %s module, which this kernel does not have: modprobe: %v: %s", what, m, err, strings.TrimSpace(string(out)))
 		}
 	}
 }

@@ -52,16 +52,16 @@ type Cluster struct {
 }
 
 var (
-	current    *Cluster
-	skipReason string
+	current       *Cluster
+	missingReason string
 )
 
 // Main starts the cluster, runs the tests and stops it.
 func Main(m *testing.M) int {
 	c, err := start()
 	if err != nil {
-		skipReason = err.Error()
-		fmt.Fprintf(os.Stderr, "rbdtest: Ceph tests will be skipped: %s\n", skipReason)
+		missingReason = err.Error()
+		fmt.Fprintf(os.Stderr, "rbdtest: the Ceph tests will fail: %s\n", missingReason)
 	} else {
 		current = c
 		fmt.Fprintf(os.Stderr, "rbdtest: Ceph %s up in %s (mon %s, dir %s); client of the root %s\n", c.Release, c.StartUp.Round(time.Millisecond), c.Monitor, c.Dir, c.ClientRelease)
@@ -73,14 +73,15 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// Require returns the cluster or skips t with the reason it is missing.
+// Require returns the cluster or fails t with the reason it is missing: the
+// Ceph tier (-tags ceph, in a Ceph root) promises one.
 func Require(t testing.TB) *Cluster {
 	t.Helper()
 	if current == nil {
-		if skipReason == "" {
-			skipReason = "rbdtest.Main did not run (the package's TestMain must call it)"
+		if missingReason == "" {
+			missingReason = "rbdtest.Main did not run (the package's TestMain must call it)"
 		}
-		t.Skipf("no Ceph cluster: %s", skipReason)
+		t.Fatalf("no Ceph cluster: %s", missingReason)
 	}
 	return current
 }
