@@ -2,7 +2,7 @@
 
 // Package images tests the images hack/images.sh assembles: the driver
 // image is unpacked and its programs run in a chroot, as a container
-// runtime would run them (root needed; skipped otherwise).
+// runtime would run them (the root tier: root needed).
 package images
 
 import (
