@@ -53,7 +53,7 @@ lint:
 # The packages that reach a real Ceph: built with the tag "ceph" and run
 # inside a Ceph root (hack/ceph/run: the release's daemons, CLIs and client
 # libraries, Tentacle 20 unless SPINDLE_CEPH_RELEASE says otherwise).
-CEPH_PKGS := ./internal/ceph/... ./internal/backend/rbd/... ./e2e/sanity/rbd/ ./e2e/rbd/
+CEPH_PKGS := ./internal/ceph/... ./internal/backend/rbd/... ./e2e/sanity/rbd/ ./e2e/rbd/ ./hack/vm/cephproxy/
 CEPH_EXEC  = $(CURDIR)/hack/ceph/run
 
 # The test tiers (docs/testing.md): `go test ./...` alone is the unit tier

@@ -8,6 +8,11 @@
 # hack/kind/docker.sh so that it never touches the firewall), jq and capsh
 # (its runc wrapper), mmdebstrap (the offline images), iptables and the
 # tools the run checks the host with.
+# `hack/install-deps.sh previous-release` installs what the previous
+# release's own hack/images.sh copies into its driver image (`make
+# e2e-multinode` assembles chart 0.1.0's image from that commit): this
+# machine's Ceph CLIs, Debian 12's 16.2.15. Nothing of today's uses them:
+# the project's Ceph CLIs run in a Ceph root (hack/ceph/run).
 set -euo pipefail
 
 # program -> Debian package that provides it
@@ -69,10 +74,15 @@ declare -A needs=(
   [dmsetup]=dmsetup
 )
 
-if [ "${1:-}" = kind ]; then
+case ${1:-} in
+kind)
   needs=([losetup]=mount [findmnt]=util-linux [sysctl]=procps [git]=git [jq]=jq [capsh]=libcap2-bin
     [iptables]=iptables [mmdebstrap]=mmdebstrap [ip]=iproute2)
-fi
+  ;;
+previous-release)
+  needs=([rbd]=ceph-common [ceph]=ceph-common [rados]=ceph-common [rbd-nbd]=rbd-nbd [rbd-fuse]=rbd-fuse)
+  ;;
+esac
 
 # file -> Debian package, for what is not a program on PATH
 declare -A files=(
@@ -95,7 +105,7 @@ for prog in "${!needs[@]}"; do
   fi
 done
 
-[ "${1:-}" != kind ] || files=()
+[ -z "${1:-}" ] || files=()
 for file in "${!files[@]}"; do
   # An architecture's library path only where it exists (amd64 here).
   case $file in /usr/lib/x86_64-linux-gnu/*) [ -d /usr/lib/x86_64-linux-gnu ] || continue ;; esac

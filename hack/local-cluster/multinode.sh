@@ -290,6 +290,7 @@ up() {
   if git -C "$REPO" cat-file -e "$PREVIOUS_RELEASE^{commit}" 2>/dev/null; then
     mkdir -p "$PREVIOUS_SRC"
     git -C "$REPO" archive "$PREVIOUS_RELEASE" | tar -x -C "$PREVIOUS_SRC" || fail "extracting the previous release $PREVIOUS_RELEASE failed"
+    "$REPO/hack/install-deps.sh" previous-release || fail "installing what the previous release's images.sh copies failed"
     TAG=previous VERSION=${PREVIOUS_RELEASE:0:12} IMAGES_DIR=$CLUSTER_DIR/images/previous "$PREVIOUS_SRC/hack/images.sh" driver >/dev/null ||
       fail "assembling the previous release's driver image failed"
     ln -f "$CLUSTER_DIR/images/previous/spindle.tar" "$CLUSTER_DIR/images/spindle-previous.tar"

@@ -1,3 +1,5 @@
+//go:build ceph
+
 package main
 
 import (
@@ -9,12 +11,13 @@ import (
 	"testing"
 )
 
+// The Ceph tier (-tags ceph, in a Ceph root, as the proxy runs in vmtest):
+// the tests run the root's real rbd.
+
 // The host runs the command with the guest's files and answers with its
 // exact output and exit status; it runs nothing but rbd and ceph.
 func TestRunOnTheHost(t *testing.T) {
-	if _, err := exec.LookPath("rbd"); err != nil {
-		t.Skip("rbd is not installed (Debian package ceph-common)")
-	}
+	requireRBD(t)
 	tests := []struct {
 		name       string
 		req        request
@@ -62,9 +65,7 @@ func TestStandInSendsFilesAndStatus(t *testing.T) {
 	t.Cleanup(func() { l.Close() })
 	go func() { _ = serveOn(l) }()
 	t.Setenv(EnvProxy, l.Addr().String())
-	if _, err := exec.LookPath("rbd"); err != nil {
-		t.Skip("rbd is not installed (Debian package ceph-common)")
-	}
+	requireRBD(t)
 	conf := filepath.Join(t.TempDir(), "ceph.conf")
 	if err := os.WriteFile(conf, []byte("[global]\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -74,5 +75,13 @@ func TestStandInSendsFilesAndStatus(t *testing.T) {
 	}
 	if code := standIn("rbd", []string{"ls", "-c", filepath.Join(t.TempDir(), "missing.conf")}); code != 1 {
 		t.Errorf("a missing -c file exited %d, want 1", code)
+	}
+}
+
+// requireRBD fails t unless the Ceph root's rbd is on PATH.
+func requireRBD(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("rbd"); err != nil {
+		t.Fatalf("no rbd on PATH: the Ceph tier runs in a Ceph root (go test -exec hack/ceph/run): %v", err)
 	}
 }
