@@ -134,9 +134,10 @@ func run(t testing.TB, name string, args ...string) string {
 	return string(out)
 }
 
-// RootOnlyCase is for the one case of a unit-tier table that needs root to
-// do why (a device node made with mknod): the unit tier skips it, naming
-// the tier it runs in; the root tier runs it, as RequireRoot would.
+// RootOnlyCase is for a case of a unit-tier test that needs root to do why
+// (a device node made with mknod, a scratch filesystem, the real-losetup
+// half of a fake/real pair): the unit tier skips it, naming the tier it
+// runs in; the root tier runs it, as RequireRoot would.
 func RootOnlyCase(t testing.TB, why string) {
 	t.Helper()
 	if !rootTier {
